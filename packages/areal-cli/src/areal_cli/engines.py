@@ -1,0 +1,127 @@
+"""Where inference engines live and how they are launched.
+
+One rule for every part of the project (CLI, tests, README): an engine is a
+Python interpreter that can run it, found in this order:
+
+1. an explicit path (CLI flag or TOML `[engine.<name>] python = ...`),
+2. the environment variable `AREAL_<NAME>_PYTHON` (e.g. `AREAL_SGLANG_PYTHON`),
+3. the venv that `scripts/install-engine.sh` made under the engines cache
+   (`$AREAL_ENGINES_DIR`, default `~/.cache/areal/engines/<name>-<version>`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_cli.errors import CLIError
+
+# The versions scripts/install-engine.sh installs (its cache folder names).
+ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.32.0"}
+
+# Flags that make SGLang 0.5.23 run on a machine without a GPU
+# (engines-on-cpu.md). Used when no GPU is visible and none are configured.
+SGLANG_CPU_ARGS = (
+    "--device cpu --attention-backend torch_native --mem-fraction-static 0.05 "
+    "--max-total-tokens 4096 --disable-overlap-schedule"
+)
+VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 512"
+
+
+def engines_dir() -> Path:
+    if d := os.environ.get("AREAL_ENGINES_DIR"):
+        return Path(d)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "areal" / "engines"
+
+
+def resolve_python(engine: str, explicit: str | None = None) -> str:
+    """The interpreter that runs `engine`, or a CLIError naming how to get one."""
+    if engine not in ENGINE_VERSIONS:
+        raise CLIError(f"unknown engine '{engine}' (known: {', '.join(ENGINE_VERSIONS)})")
+    env_name = f"AREAL_{engine.upper()}_PYTHON"
+    for source, path in (("configured", explicit), (env_name, os.environ.get(env_name))):
+        if path:
+            if not Path(path).exists():
+                raise CLIError(f"{engine} python from {source} does not exist: {path}")
+            return path
+    cached = engines_dir() / f"{engine}-{ENGINE_VERSIONS[engine]}" / "bin" / "python"
+    if cached.exists():
+        return str(cached)
+    raise CLIError(
+        f"no {engine} engine found: run `scripts/install-engine.sh {engine}`, "
+        f"or set {env_name} (or [engine.{engine}] python in config.toml) to its python"
+    )
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    argv: list[str]
+    env: dict[str, str]
+    health_path: str
+
+
+def engine_launch(
+    engine: str,
+    *,
+    python: str,
+    model_path: str,
+    served_name: str,
+    host: str,
+    port: int,
+    tokenizer_path: str | None = None,
+    extra_args: list[str] | None = None,
+    tensor_parallel: int = 1,
+    gpus: list[int] | None = None,
+) -> EngineLaunch:
+    """The command line and environment that start one engine replica."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    extra = list(extra_args or [])
+    if engine == "sglang":
+        argv = [
+            python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model_path,
+            "--served-model-name",
+            served_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
+        if tokenizer_path:
+            argv += ["--tokenizer-path", tokenizer_path]
+        if tensor_parallel > 1:
+            argv += ["--tp-size", str(tensor_parallel)]
+        return EngineLaunch(argv + extra, env, "/health")
+    if engine == "vllm":
+        # The vllm-cpu package's console script is broken; the module works.
+        argv = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            "--served-model-name",
+            served_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
+        if tokenizer_path:
+            argv += ["--tokenizer", tokenizer_path]
+        if tensor_parallel > 1:
+            argv += ["--tensor-parallel-size", str(tensor_parallel)]
+        if not gpus:
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+            lib = Path(python).parent.parent / "lib" / "libiomp5.so"
+            if lib.exists():
+                env["LD_PRELOAD"] = str(lib)
+        return EngineLaunch(argv + extra, env, "/health")
+    raise CLIError(f"unknown engine '{engine}' (known: {', '.join(ENGINE_VERSIONS)})")

@@ -1,0 +1,69 @@
+"""Engine location: explicit > AREAL_<ENGINE>_PYTHON > installer cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_cli import engines
+from areal_cli.errors import CLIError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_ENGINES_DIR", str(tmp_path))
+    monkeypatch.delenv("AREAL_SGLANG_PYTHON", raising=False)
+    return tmp_path
+
+
+def _python(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return str(path)
+
+
+def test_cache_venv_is_found_with_no_configuration(cache):
+    py = _python(cache / "sglang-0.5.23" / "bin" / "python")
+    assert engines.resolve_python("sglang") == py
+
+
+def test_env_beats_cache_and_explicit_beats_env(cache, monkeypatch):
+    _python(cache / "sglang-0.5.23" / "bin" / "python")
+    env_py = _python(cache / "env" / "python")
+    monkeypatch.setenv("AREAL_SGLANG_PYTHON", env_py)
+    assert engines.resolve_python("sglang") == env_py
+    explicit = _python(cache / "explicit" / "python")
+    assert engines.resolve_python("sglang", explicit) == explicit
+
+
+def test_missing_engine_names_the_fix(cache):
+    with pytest.raises(CLIError, match=r"install-engine.sh sglang.*AREAL_SGLANG_PYTHON"):
+        engines.resolve_python("sglang")
+
+
+def test_configured_path_that_does_not_exist(cache):
+    with pytest.raises(CLIError, match="does not exist"):
+        engines.resolve_python("sglang", str(cache / "nope" / "python"))
+
+
+def test_unknown_engine():
+    with pytest.raises(CLIError, match="unknown engine 'tgi'"):
+        engines.resolve_python("tgi")
+
+
+def test_sglang_launch_line():
+    launch = engines.engine_launch(
+        "sglang",
+        python="/py",
+        model_path="/m",
+        served_name="tiny",
+        host="127.0.0.1",
+        port=9,
+        extra_args=["--device", "cpu"],
+        tensor_parallel=2,
+        gpus=[2, 3],
+    )
+    assert launch.argv[:3] == ["/py", "-m", "sglang.launch_server"]
+    assert launch.argv[-2:] == ["--device", "cpu"]
+    assert "--tp-size" in launch.argv
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert launch.env["HF_HUB_OFFLINE"] == "1"

@@ -1,0 +1,114 @@
+"""Process supervision with real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from areal_cli import supervisor
+
+
+def _sleeper(tmp_path, name="sleeper", code="import time; time.sleep(60)"):
+    return supervisor.spawn(name, [sys.executable, "-c", code], tmp_path / f"{name}.log")
+
+
+def test_spawn_records_identity_and_own_group(tmp_path):
+    proc, comp = _sleeper(tmp_path)
+    try:
+        assert comp.pid == proc.pid == comp.pgid
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+        assert comp.alive()
+        assert supervisor.proc_start_time(proc.pid) == comp.start_time
+    finally:
+        supervisor.terminate([[comp]], grace=2, procs={proc.pid: proc})
+    assert not comp.alive()
+    assert not supervisor.group_alive(comp)
+
+
+def test_pid_reuse_is_not_signalled(tmp_path):
+    proc, comp = _sleeper(tmp_path)
+    forged = supervisor.Component.from_dict({**comp.to_dict(), "start_time": comp.start_time + 1})
+    assert not forged.alive()
+    supervisor.terminate([[forged]], grace=0.2)
+    assert proc.poll() is None, "a process whose start time differs must not be signalled"
+    supervisor.terminate([[comp]], grace=2, procs={proc.pid: proc})
+    assert proc.poll() is not None
+
+
+def test_terminate_kills_after_grace_and_whole_group(tmp_path):
+    # The leader ignores SIGTERM and has a child: both must go after the grace.
+    code = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    proc, comp = _sleeper(tmp_path, "stubborn", code)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    supervisor.terminate([[comp]], grace=0.5, procs={proc.pid: proc})
+    assert time.monotonic() - t0 < 4
+    assert not supervisor.group_alive(comp)
+
+
+def test_tiers_share_one_grace_period(tmp_path):
+    comps, procs = [], {}
+    for i in range(4):
+        p, c = _sleeper(
+            tmp_path,
+            f"s{i}",
+            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+        )
+        comps.append(c)
+        procs[p.pid] = p
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    supervisor.terminate([comps[:2], comps[2:]], grace=1.0, procs=procs)
+    took = time.monotonic() - t0
+    assert not any(supervisor.group_alive(c) for c in comps)
+    assert took < 3.0, f"stop took {took:.1f}s: groups must be stopped in parallel"
+
+
+def test_wait_ready_fails_fast_when_process_exits(tmp_path):
+    proc, comp = _sleeper(tmp_path, "crasher", "import sys; print('boom: bad flag'); sys.exit(3)")
+    t0 = time.monotonic()
+    with pytest.raises(supervisor.LaunchError) as info:
+        supervisor.wait_ready(proc, comp, lambda: False, timeout=30)
+    assert time.monotonic() - t0 < 5
+    assert "exited (code 3)" in str(info.value)
+    assert "boom: bad flag" in str(info.value)
+    assert str(tmp_path / "crasher.log") in str(info.value)
+
+
+def test_wait_ready_times_out(tmp_path):
+    proc, comp = _sleeper(tmp_path)
+    try:
+        with pytest.raises(supervisor.LaunchError, match=r"not ready after 0\.3s"):
+            supervisor.wait_ready(proc, comp, lambda: False, timeout=0.3)
+    finally:
+        supervisor.terminate([[comp]], grace=1, procs={proc.pid: proc})
+
+
+def test_missing_executable_is_a_launch_error(tmp_path):
+    with pytest.raises(supervisor.LaunchError, match="executable not found"):
+        supervisor.spawn("ghost", ["/nonexistent/areal-ghost"], tmp_path / "ghost.log")
+
+
+def test_port_helpers():
+    port = supervisor.free_port()
+    assert not supervisor.port_in_use("127.0.0.1", port)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert supervisor.port_in_use("127.0.0.1", port)
+
+
+def test_signal_own_pid_is_refused():
+    me = supervisor.Component(
+        "me", os.getpid(), os.getpgid(0), supervisor.proc_start_time(os.getpid()) or 0, [], ""
+    )
+    assert supervisor._signal_group(me, signal.SIGTERM) is False

@@ -1,0 +1,3 @@
+"""areal-gateway."""
+
+__version__ = "0.1.0"

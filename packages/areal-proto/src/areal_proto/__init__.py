@@ -1,0 +1,3 @@
+"""areal-proto."""
+
+__version__ = "0.1.0"

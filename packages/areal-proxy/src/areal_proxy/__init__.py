@@ -1,0 +1,3 @@
+"""areal-proxy."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,105 @@
+"""The engine-neutral shape of token generation.
+
+The proxy works in token ids end to end; an engine client turns a
+GenerationRequest into the engine's own API and the engine's answer back into
+GenerationChunk / GenerationResult. Nothing above this layer knows which
+engine it talks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class EngineError(Exception):
+    """The engine could not be reached or answered with an error."""
+
+    def __init__(self, message: str, *, status: int = 502, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        # True only when nothing was generated (connection refused before the
+        # request was accepted): generation is never retried blindly.
+        self.retryable = retryable
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    input_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    top_logprobs: int = 0
+    # Engine-side request id, so the request can be aborted by id.
+    rid: str | None = None
+    # Sampling fields the caller passed that have no typed slot here; they are
+    # forwarded to the engine as they came.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class GenerationChunk:
+    """Tokens produced since the previous chunk of one streamed generation."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    # Per token: [(token_id, logprob), ...] when top logprobs were asked for.
+    top_logprobs: list[list[tuple[int, float]]]
+    # Set on the last chunk: "stop", "length" or "abort".
+    finish_reason: str | None = None
+    # The stop token that ended generation, if any (it is part of token_ids).
+    matched_stop: int | None = None
+    prompt_tokens: int = 0
+    weight_version: str = ""
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str
+    prompt_tokens: int
+    weight_version: str = ""
+
+
+class EngineClient(Protocol):
+    """What the proxy needs from an engine."""
+
+    base_url: str
+
+    async def health(self) -> bool: ...
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult: ...
+
+    def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+
+    async def abort(self, rid: str | None = None) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def collect(chunks: list[GenerationChunk]) -> GenerationResult:
+    """Join the chunks of one streamed generation into a result."""
+    ids: list[int] = []
+    lps: list[float] = []
+    tops: list[list[tuple[int, float]]] = []
+    finish, prompt, version = "abort", 0, ""
+    for c in chunks:
+        ids.extend(c.token_ids)
+        lps.extend(c.logprobs)
+        tops.extend(c.top_logprobs)
+        prompt = c.prompt_tokens or prompt
+        version = c.weight_version or version
+        if c.finish_reason:
+            finish = c.finish_reason
+    return GenerationResult(ids, lps, tops, finish, prompt, version)

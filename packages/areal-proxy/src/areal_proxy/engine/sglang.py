@@ -1,0 +1,244 @@
+"""Client for SGLang's native HTTP API (`/generate` with input ids).
+
+Streaming: SGLang sends cumulative `output_ids` by default and only the new
+ids with `--incremental-streaming-output`; `completion_tokens - len(output_ids)`
+is the offset of the chunk's first id either way, so both modes work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from areal_proxy.engine.base import (
+    EngineError,
+    GenerationChunk,
+    GenerationRequest,
+    GenerationResult,
+)
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_new_tokens": req.max_new_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "ignore_eos": req.ignore_eos,
+        # The proxy decodes text itself, from the ids.
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    if req.stop_token_ids:
+        params["stop_token_ids"] = req.stop_token_ids
+    if req.seed is not None:
+        params["sampling_seed"] = req.seed
+    params.update(req.extra)
+    return params
+
+
+def _payload(req: GenerationRequest, stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "input_ids": req.input_ids,
+        "sampling_params": _sampling_params(req),
+        "return_logprob": True,
+        "stream": stream,
+    }
+    if req.top_logprobs:
+        body["top_logprobs_num"] = req.top_logprobs
+    if req.rid:
+        body["rid"] = req.rid
+    return orjson.dumps(body)
+
+
+def _finish(meta: dict[str, Any]) -> tuple[str | None, int | None]:
+    fr = meta.get("finish_reason")
+    if not fr:
+        return None, None
+    kind = _FINISH.get(fr.get("type", ""), "stop")
+    matched = fr.get("matched")
+    return kind, matched if isinstance(matched, int) else None
+
+
+def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[int, float]]]:
+    tops = meta.get("output_top_logprobs") or []
+    return [[(int(t[1]), float(t[0])) for t in step or []] for step in tops[start:]]
+
+
+class SGLangClient:
+    """One client per engine replica; keeps a pooled connection."""
+
+    def __init__(self, base_url: str, *, timeout: float | None = None, api_key: str = "") -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            async with self._http().post(self.base_url + path, data=orjson.dumps(body or {})) as r:
+                raw = await r.read()
+                if r.status >= 400:
+                    raise EngineError(f"engine {path} -> {r.status}: {raw[:300]!r}", status=502)
+                ctype = r.headers.get("Content-Type", "")
+                return orjson.loads(raw) if raw and "json" in ctype else raw.decode()
+        except aiohttp.ClientConnectorError as e:
+            raise EngineError(
+                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            ) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
+
+    async def health(self) -> bool:
+        try:
+            async with self._http().get(
+                self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        out = await self._post_generate(req)
+        meta = out.get("meta_info", {})
+        lps = meta.get("output_token_logprobs") or []
+        finish, _ = _finish(meta)
+        return GenerationResult(
+            token_ids=list(out.get("output_ids", [])),
+            logprobs=[float(t[0]) for t in lps],
+            top_logprobs=_tops(meta, 0),
+            finish_reason=finish or "stop",
+            prompt_tokens=int(meta.get("prompt_tokens", len(req.input_ids))),
+            weight_version=str(meta.get("weight_version", "")),
+        )
+
+    async def _post_generate(self, req: GenerationRequest) -> dict[str, Any]:
+        try:
+            async with self._http().post(
+                self.base_url + "/generate", data=_payload(req, False)
+            ) as r:
+                raw = await r.read()
+                if r.status >= 400:
+                    raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
+                return orjson.loads(raw)
+        except aiohttp.ClientConnectorError as e:
+            raise EngineError(
+                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            ) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"engine /generate failed: {e!r}", status=502) from e
+
+    async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        emitted = 0
+        try:
+            async with self._http().post(
+                self.base_url + "/generate", data=_payload(req, True)
+            ) as r:
+                if r.status >= 400:
+                    raw = await r.read()
+                    raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
+                async for line in r.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    out = orjson.loads(data)
+                    if "error" in out:
+                        err = out["error"]
+                        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                        code = err.get("code", 400) if isinstance(err, dict) else 400
+                        # An engine that rejects the request before any token
+                        # (e.g. context too long) is the client's error.
+                        raise EngineError(
+                            f"engine rejected the request: {msg}", status=int(code or 400)
+                        )
+                    meta = out.get("meta_info", {})
+                    ids = out.get("output_ids") or []
+                    offset = int(meta.get("completion_tokens", len(ids))) - len(ids)
+                    new_ids = ids[emitted - offset :]
+                    lps = meta.get("output_token_logprobs") or []
+                    lp_offset = int(meta.get("completion_tokens", len(lps))) - len(lps)
+                    new_lps = [float(t[0]) for t in lps[emitted - lp_offset :]]
+                    finish, matched = _finish(meta)
+                    if not new_ids and finish is None:
+                        continue
+                    start = emitted - lp_offset
+                    emitted += len(new_ids)
+                    yield GenerationChunk(
+                        token_ids=list(new_ids),
+                        logprobs=new_lps,
+                        top_logprobs=_tops(meta, start) if req.top_logprobs else [],
+                        finish_reason=finish,
+                        matched_stop=matched,
+                        prompt_tokens=int(meta.get("prompt_tokens", len(req.input_ids))),
+                        weight_version=str(meta.get("weight_version", "")),
+                    )
+                    if finish is not None:
+                        return
+        except aiohttp.ClientConnectorError as e:
+            raise EngineError(
+                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            ) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(
+                f"engine stream failed after {emitted} tokens: {e!r}", status=502
+            ) from e
+        raise EngineError(
+            f"engine stream ended without a finish reason after {emitted} tokens", status=502
+        )
+
+    async def abort(self, rid: str | None = None) -> None:
+        body = {"rid": rid} if rid else {"abort_all": True}
+        await self._post("/abort_request", body)
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Pause generation; with mode "abort" in-flight requests end with finish "abort"."""
+        await self._post("/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._post("/continue_generation", {})
+
+    async def update_weights_from_disk(self, path: str, version: str | None = None) -> None:
+        body: dict[str, Any] = {"model_path": path}
+        if version is not None:
+            body["weight_version"] = version
+        out = await self._post("/update_weights_from_disk", body)
+        if isinstance(out, dict) and not out.get("success", False):
+            raise EngineError(f"engine refused the weight update: {out.get('message')}", status=502)
+
+    async def flush_cache(self) -> None:
+        await self._post("/flush_cache", {})
+
+    async def model_info(self) -> dict[str, Any]:
+        try:
+            async with self._http().get(self.base_url + "/get_model_info") as r:
+                return orjson.loads(await r.read())
+        except aiohttp.ClientError as e:
+            raise EngineError(f"engine unreachable at {self.base_url}: {e}", status=503) from e

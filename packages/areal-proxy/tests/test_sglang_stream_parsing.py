@@ -1,0 +1,103 @@
+"""SGLang stream chunk arithmetic: cumulative and incremental modes give the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from areal_proxy.engine import EngineError, GenerationRequest
+from areal_proxy.engine.base import collect
+from areal_proxy.engine.sglang import SGLangClient
+
+
+def _events(incremental: bool, ids: list[int]):
+    out = []
+    for n in range(1, len(ids) + 1):
+        sl = ids[n - 1 : n] if incremental else ids[:n]
+        finish = {"type": "length"} if n == len(ids) else None
+        out.append(
+            {
+                "output_ids": sl,
+                "meta_info": {
+                    "completion_tokens": n,
+                    "prompt_tokens": 2,
+                    "finish_reason": finish,
+                    "output_token_logprobs": [[-0.1 * t, t, None] for t in sl],
+                    "weight_version": "3",
+                },
+            }
+        )
+    return out
+
+
+async def _serve(aiohttp_server_factory, events):
+    import orjson
+
+    async def gen(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(b"data: " + orjson.dumps(e) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/generate", gen)
+    return await aiohttp_server_factory(app)
+
+
+@pytest.fixture
+async def server_factory():
+    runners = []
+
+    async def factory(app):
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://127.0.0.1:{port}"
+
+    yield factory
+    for r in runners:
+        await r.cleanup()
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_stream_modes_agree(server_factory, incremental):
+    ids = [7, 8, 9, 10]
+    url = await _serve(server_factory, _events(incremental, ids))
+    client = SGLangClient(url)
+    try:
+        chunks = [c async for c in client.generate_stream(GenerationRequest([1, 2], 4))]
+    finally:
+        await client.close()
+    out = collect(chunks)
+    assert out.token_ids == ids
+    assert out.logprobs == pytest.approx([-0.7, -0.8, -0.9, -1.0])
+    assert out.finish_reason == "length"
+    assert out.weight_version == "3"
+
+
+async def test_stream_without_finish_is_an_error(server_factory):
+    events = _events(False, [7, 8])
+    events[-1]["meta_info"]["finish_reason"] = None
+    url = await _serve(server_factory, events)
+    client = SGLangClient(url)
+    try:
+        with pytest.raises(EngineError, match="without a finish reason after 2 tokens"):
+            async for _ in client.generate_stream(GenerationRequest([1], 4)):
+                pass
+    finally:
+        await client.close()
+
+
+async def test_unreachable_engine_is_retryable_503():
+    client = SGLangClient("http://127.0.0.1:9")
+    try:
+        with pytest.raises(EngineError) as info:
+            await client.generate(GenerationRequest([1], 1))
+    finally:
+        await client.close()
+    assert info.value.status == 503 and info.value.retryable

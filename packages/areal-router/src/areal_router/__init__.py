@@ -1,0 +1,3 @@
+"""areal-router."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,11 @@
+"""The package installs and imports against its own dependencies only."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import areal_router
+
+
+def test_version_matches_distribution_metadata():
+    assert areal_router.__version__ == importlib.metadata.version("areal-router")

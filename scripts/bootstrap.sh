@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Make a fresh machine (Python 3.11 + pip only) ready: uv, the workspace venv,
+# and the CPU SGLang engine (cached outside the checkout). Idempotent.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export UV_PYTHON_DOWNLOADS=never
+# uv 0.13.9: the version uv.lock was written with.
+UV_VERSION=0.13.9
+if ! command -v uv >/dev/null || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+  python3.11 -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
+uv sync --locked --quiet
+scripts/install-engine.sh sglang >/dev/null

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole check, as CI runs it: set-up, lint, types, proto drift, each
+# package's unit tests against its own dependencies, then the e2e suites with
+# a real SGLang engine on the CPU. Prints how long each stage took.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export UV_PYTHON_DOWNLOADS=never PYTHONDONTWRITEBYTECODE=1
+
+declare -a timings=()
+total_start=$(date +%s)
+stage() {
+  local name=$1; shift
+  local t0; t0=$(date +%s)
+  echo "=== stage: $name"
+  "$@"
+  local dt=$(( $(date +%s) - t0 ))
+  timings+=("$(printf '%-28s %5ss' "$name" "$dt")")
+  echo "=== stage: $name done in ${dt}s"
+}
+
+packages=(areal-proto areal-cli areal-router areal-proxy areal-gateway areal-agent-worker)
+
+unit_tests() {
+  for pkg in "${packages[@]}"; do
+    echo "--- $pkg (its own dependencies only)"
+    uv run --quiet --exact --package "$pkg" pytest -q -p no:cacheprovider "packages/$pkg/tests"
+  done
+  uv sync --locked --quiet  # restore the full workspace after the --exact runs
+}
+
+stage "bootstrap (uv, venv, engine)" scripts/bootstrap.sh
+stage "ruff" bash -c "uv run --quiet ruff check . && uv run --quiet ruff format --check ."
+stage "mypy (package code)" uv run --quiet mypy packages/*/src
+stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
+stage "unit tests" unit_tests
+stage "e2e tests (real engine)" uv run --quiet pytest -q -p no:cacheprovider tests
+
+echo
+echo "stage timings:"
+printf '  %s\n' "${timings[@]}"
+echo "  total                        $(( $(date +%s) - total_start ))s"

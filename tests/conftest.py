@@ -1,0 +1,83 @@
+"""Fixtures shared by the cross-package suites.
+
+The SGLang engine is started once per test session (it takes ~25 s and
+3.4 GB), through the same launcher code the `areal` CLI uses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from areal_cli import engines, supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+PARROT = MODELS / "tiny-parrot"
+RANDOM = MODELS / "tiny-random"
+ENGINE_START_TIMEOUT = float(os.environ.get("AREAL_TEST_ENGINE_TIMEOUT", "240"))
+
+
+@dataclass(frozen=True)
+class Engine:
+    url: str
+    model: str
+    model_path: Path
+    log: Path
+    component: supervisor.Component
+
+
+def start_engine(log_dir: Path, model_path: Path, name: str) -> tuple[Engine, object]:
+    python = engines.resolve_python("sglang")
+    port = supervisor.free_port()
+    launch = engines.engine_launch(
+        "sglang",
+        python=python,
+        model_path=str(model_path),
+        served_name=name,
+        host="127.0.0.1",
+        port=port,
+        extra_args=engines.SGLANG_CPU_ARGS.split(),
+    )
+    log = log_dir / f"{name}-engine.log"
+    proc, comp = supervisor.spawn(f"{name}-engine", launch.argv, log, env=launch.env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        supervisor.wait_ready(
+            proc,
+            comp,
+            lambda: supervisor.http_ok(url + launch.health_path),
+            ENGINE_START_TIMEOUT,
+        )
+    except BaseException:
+        supervisor.terminate([[comp]], grace=5, procs={proc.pid: proc})
+        raise
+    return Engine(url, name, model_path, log, comp), proc
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One real SGLang engine on the CPU serving the parrot model.
+
+    For quick local iteration, AREAL_TEST_ENGINE_URL may name an engine that
+    is already running the parrot model; CI never sets it.
+    """
+    if url := os.environ.get("AREAL_TEST_ENGINE_URL"):
+        comp = supervisor.Component("external-engine", 0, 0, 0, [], "")
+        yield Engine(url.rstrip("/"), "tiny-parrot", PARROT, Path(os.devnull), comp)
+        return
+    engine, proc = start_engine(tmp_path_factory.mktemp("engine"), PARROT, "tiny-parrot")
+    yield engine
+    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
+    assert not supervisor.group_alive(engine.component), "engine left running"
+
+
+@pytest.fixture(scope="session")
+def parrot_tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(PARROT / "tokenizer.json"))
