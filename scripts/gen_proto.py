@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "packages" / "areal-proto" / "src" / "areal_proto"
-# Hand-written files in the output package that generation must keep.
+# Hand-written parts of the output package that generation must keep.
 KEEP = {"__init__.py", "py.typed"}
+KEEP_DIRS = {"service"}
 IMPORT_RE = re.compile(r"^(\s*)(from|import) areal\.", re.MULTILINE)
 
 
@@ -72,7 +73,10 @@ def generated_files(root: Path) -> set[str]:
     return {
         str(p.relative_to(root))
         for p in root.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and str(p.relative_to(root)) not in KEEP
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and str(p.relative_to(root)) not in KEEP
+        and p.relative_to(root).parts[0] not in KEEP_DIRS
     }
 
 
