@@ -23,9 +23,10 @@ packages=(areal-proto areal-cli areal-router areal-proxy areal-gateway areal-age
 unit_tests() {
   for pkg in "${packages[@]}"; do
     echo "--- $pkg (its own dependencies only)"
-    uv run --quiet --exact --package "$pkg" pytest -q -p no:cacheprovider "packages/$pkg/tests"
+    # A venv per package, so each suite sees only what its package declares.
+    UV_PROJECT_ENVIRONMENT=".venv-isolated/$pkg" uv run --quiet --exact --package "$pkg" \
+      pytest -q -p no:cacheprovider "packages/$pkg/tests"
   done
-  uv sync --locked --quiet  # restore the full workspace after the --exact runs
 }
 
 stage "bootstrap (uv, venv, engine)" scripts/bootstrap.sh
