@@ -1,0 +1,35 @@
+"""`areal-router`: parse flags (and AREAL_ROUTER_* environment), then serve."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from areal_proto.service.logs import setup_logging
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from areal_router.settings import parse
+
+    try:
+        settings = parse(argv)
+    except ValueError as exc:
+        print(f"areal-router: error: {exc}", file=sys.stderr)
+        return 2
+    log = setup_logging(settings.log_level, "areal-router")
+
+    from areal_router.server import serve
+
+    try:
+        return asyncio.run(serve(settings))
+    except ValueError as exc:  # e.g. an unreadable --state-file
+        log.error("%s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

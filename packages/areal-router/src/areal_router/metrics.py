@@ -1,0 +1,91 @@
+"""Prometheus metrics of the router (served on --metrics-port at /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from areal_router.registry import HEALTH_NAMES, Registry
+
+UNREGISTERED_MODEL = "<unregistered>"
+
+# Route is a dictionary lookup and a min(); these buckets resolve microseconds.
+_LATENCY_BUCKETS = (
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.05,
+)
+
+
+class _RegistryCollector(Collector):
+    """Gauges read from the registry at scrape time (never stale)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        proxies = GaugeMetricFamily(
+            "areal_router_proxies",
+            "Registered proxies by model and health",
+            labels=["model", "health"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for model in self._registry.models.values():
+            for name in HEALTH_NAMES.values():
+                counts[(model.name, name)] = 0
+        for p in self._registry.proxies.values():
+            key = (p.model, HEALTH_NAMES.get(p.health, "unknown"))
+            counts[key] = counts.get(key, 0) + 1
+        for (model_name, health), n in sorted(counts.items()):
+            proxies.add_metric([model_name, health], n)
+        yield proxies
+        models = GaugeMetricFamily("areal_router_models", "Registered models")
+        models.add_metric([], len(self._registry.models))
+        yield models
+        pins = GaugeMetricFamily("areal_router_session_pins", "Sessions pinned to a proxy")
+        pins.add_metric([], len(self._registry.pins))
+        yield pins
+
+
+class RouterMetrics:
+    def __init__(self, registry: Registry) -> None:
+        self.prom = CollectorRegistry()
+        self.decisions = Counter(
+            "areal_router_route_decisions",
+            "Route calls by policy, model and result",
+            ["policy", "model", "result"],
+            registry=self.prom,
+        )
+        self.route_latency = Histogram(
+            "areal_router_route_latency_seconds",
+            "Time to take a routing decision",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.prom,
+        )
+        self.binds = Counter(
+            "areal_router_bind_sessions",
+            "BindSession calls by result",
+            ["result"],
+            registry=self.prom,
+        )
+        self.polls = Counter(
+            "areal_router_health_polls",
+            "GetStats polls of proxies by result",
+            ["result"],
+            registry=self.prom,
+        )
+        self.prom.register(_RegistryCollector(registry))
+
+    def poll(self, ok: bool) -> None:
+        self.polls.labels(result="ok" if ok else "error").inc()

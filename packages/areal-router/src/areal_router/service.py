@@ -1,0 +1,215 @@
+"""The RouterService servicer: registry RPCs, Route, session pins, listings."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+from areal_proto.service.errors import ServiceError, abort
+from areal_proto.service.logs import mask
+from areal_router.health import HealthPoller
+from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
+from areal_router.policies import Router
+from areal_router.registry import ModelState, Registry, StateStore
+
+log = logging.getLogger("areal_router.service")
+
+T = TypeVar("T")
+
+_KIND_NAMES: dict[int, str] = {
+    router_pb2.MODEL_KIND_INTERNAL: "internal",
+    router_pb2.MODEL_KIND_EXTERNAL: "external",
+}
+
+_RESULT_BY_STATUS = {
+    400: "invalid",
+    404: "not_found",
+    503: "unavailable",
+}
+
+
+class RouterService(router_pb2_grpc.RouterServiceServicer):
+    def __init__(
+        self,
+        registry: Registry,
+        router: Router,
+        poller: HealthPoller,
+        metrics: RouterMetrics,
+        store: StateStore | None = None,
+    ) -> None:
+        self.registry = registry
+        self.router = router
+        self.poller = poller
+        self.metrics = metrics
+        self.store = store
+
+    def _changed(self) -> None:
+        if self.store is not None:
+            self.store.mark_dirty()
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ServiceError as err:
+            await abort(context, err)
+            raise  # abort raises; this line is for the type checker
+
+    # -- proxies --------------------------------------------------------
+
+    async def RegisterProxy(
+        self, request: router_pb2.RegisterProxyRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RegisterProxyResponse:
+        p = request.proxy
+
+        def do() -> None:
+            state, moved = self.registry.upsert_proxy(
+                p.proxy_id, p.address, p.model, p.kind, dict(p.labels)
+            )
+            if moved:
+                self.router.forget_proxies([state.proxy_id])
+                self.poller.watch(state.proxy_id)
+            self._changed()
+            log.info("registered proxy %s at %s for model %s", p.proxy_id, p.address, p.model)
+
+        await self._call(context, do)
+        return router_pb2.RegisterProxyResponse()
+
+    async def DeregisterProxy(
+        self, request: router_pb2.DeregisterProxyRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.DeregisterProxyResponse:
+        existed = self.registry.remove_proxy(request.proxy_id)
+        if existed:
+            self.poller.unwatch(request.proxy_id)
+            self.router.forget_proxies([request.proxy_id])
+            self._changed()
+            log.info("deregistered proxy %s", request.proxy_id)
+        return router_pb2.DeregisterProxyResponse(existed=existed)
+
+    # -- models ---------------------------------------------------------
+
+    async def RegisterModel(
+        self, request: router_pb2.RegisterModelRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RegisterModelResponse:
+        m = request.model
+
+        def do() -> None:
+            self.registry.add_model(
+                ModelState(
+                    name=m.name,
+                    kind=m.kind,
+                    base_url=m.base_url,
+                    api_key=m.api_key,
+                    upstream_model=m.upstream_model,
+                    created_unix_s=m.created_unix_s,
+                )
+            )
+            self._changed()
+            log.info(
+                "registered model %s (%s%s)",
+                m.name,
+                _KIND_NAMES.get(self.registry.models[m.name].kind, "?"),
+                f", {m.base_url}, key {mask(m.api_key)}" if m.base_url else "",
+            )
+
+        await self._call(context, do)
+        return router_pb2.RegisterModelResponse()
+
+    async def DeregisterModel(
+        self, request: router_pb2.DeregisterModelRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.DeregisterModelResponse:
+        existed, proxy_ids = self.registry.remove_model(request.name)
+        if existed:
+            for pid in proxy_ids:
+                self.poller.unwatch(pid)
+            self.router.forget_proxies(proxy_ids)
+            self.router.forget_model(request.name)
+            self._changed()
+            log.info("deregistered model %s and proxies %s", request.name, proxy_ids)
+        return router_pb2.DeregisterModelResponse(existed=existed, proxy_ids=proxy_ids)
+
+    # -- routing --------------------------------------------------------
+
+    async def Route(
+        self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouteResponse:
+        start = time.perf_counter()
+        policy = request.policy or self.router.default_policy
+        model_label = request.model if request.model in self.registry.models else UNREGISTERED_MODEL
+        try:
+            decision = self.router.route(
+                request.model,
+                session_id=request.session_id,
+                prefix_hashes=request.prefix_hashes,
+                kind=request.kind,
+                policy=request.policy,
+            )
+        except ServiceError as err:
+            self.metrics.route_latency.observe(time.perf_counter() - start)
+            result = _RESULT_BY_STATUS.get(err.http_status, "error")
+            self.metrics.decisions.labels(policy, model_label, result).inc()
+            await abort(context, err)
+            raise
+        if decision.pinned:
+            self._changed()
+        proxy = decision.proxy
+        response = router_pb2.RouteResponse(
+            proxy_id=proxy.proxy_id if proxy else "",
+            address=proxy.address if proxy else "",
+            model=decision.model.to_proto(with_proxies=False),
+        )
+        self.metrics.route_latency.observe(time.perf_counter() - start)
+        self.metrics.decisions.labels(
+            decision.policy, model_label, "routed" if proxy else "external"
+        ).inc()
+        return response
+
+    async def BindSession(
+        self, request: router_pb2.BindSessionRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.BindSessionResponse:
+        try:
+            proxy = self.router.bind(
+                request.session_ids, request.model, kind=request.kind, proxy_id=request.proxy_id
+            )
+        except ServiceError as err:
+            self.metrics.binds.labels(_RESULT_BY_STATUS.get(err.http_status, "error")).inc()
+            await abort(context, err)
+            raise
+        self.metrics.binds.labels("bound").inc()
+        self._changed()
+        log.debug("pinned %d sessions to %s", len(request.session_ids), proxy.proxy_id)
+        return router_pb2.BindSessionResponse(proxy_id=proxy.proxy_id, address=proxy.address)
+
+    async def ReleaseSession(
+        self, request: router_pb2.ReleaseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ReleaseSessionResponse:
+        released = self.router.release(request.session_ids)
+        if released:
+            self._changed()
+        return router_pb2.ReleaseSessionResponse(released=released)
+
+    # -- listings -------------------------------------------------------
+
+    async def ListProxies(
+        self, request: router_pb2.ListProxiesRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListProxiesResponse:
+        out = [
+            p.to_proto()
+            for p in self.registry.proxies.values()
+            if (not request.model or p.model == request.model)
+            and (not request.kind or p.kind == request.kind)
+        ]
+        return router_pb2.ListProxiesResponse(proxies=out)
+
+    async def ListModels(
+        self, request: router_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListModelsResponse:
+        return router_pb2.ListModelsResponse(
+            models=[
+                m.to_proto() for m in sorted(self.registry.models.values(), key=lambda m: m.name)
+            ]
+        )

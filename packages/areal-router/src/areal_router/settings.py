@@ -1,0 +1,66 @@
+"""Every flag of `areal-router`, with its default, in one place (docs/services.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from areal_proto.service.settings import parse_settings
+from areal_router import __version__
+
+POLICIES = ("round_robin", "least_loaded", "power_of_two", "session_affinity", "cache_aware")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+ENV_PREFIX = "AREAL_ROUTER_"
+
+
+@dataclass
+class RouterSettings:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "gRPC port; 0 = the OS picks"})
+    log_level: str = field(default="info", metadata={"choices": LOG_LEVELS, "help": "log level"})
+    ready_file: str = field(
+        default="", metadata={"help": "write {pid, host, port, ...} here once listening"}
+    )
+    metrics_port: int = field(
+        default=0, metadata={"help": "Prometheus /metrics port; 0 = the OS picks, -1 = off"}
+    )
+    drain_timeout: float = field(
+        default=10.0, metadata={"help": "seconds to finish in-flight calls on SIGTERM"}
+    )
+    policy: str = field(
+        default="round_robin", metadata={"choices": POLICIES, "help": "routing policy"}
+    )
+    health_interval: float = field(
+        default=1.0, metadata={"help": "seconds between GetStats polls of each proxy"}
+    )
+    health_timeout: float = field(default=1.0, metadata={"help": "seconds a poll may take"})
+    unhealthy_after: int = field(
+        default=2, metadata={"help": "consecutive failed polls before a proxy is unhealthy"}
+    )
+    state_file: str = field(
+        default="",
+        metadata={"help": "where registrations and session pins persist (empty: memory only)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.health_interval <= 0:
+            raise ValueError("health_interval must be > 0")
+        if self.health_timeout <= 0:
+            raise ValueError("health_timeout must be > 0")
+        if self.unhealthy_after < 1:
+            raise ValueError("unhealthy_after must be >= 1")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
+
+
+def parse(argv: Sequence[str] | None = None) -> RouterSettings:
+    return parse_settings(
+        RouterSettings,
+        argv,
+        prog="areal-router",
+        env_prefix=ENV_PREFIX,
+        version=__version__,
+        description="areal router: registry of data proxies and models, routing, health.",
+    )
