@@ -1,0 +1,127 @@
+"""A zero-cost SGLang-compatible engine, for measuring areal's own overhead only.
+
+    python benchmarks/fake_engine.py --port 0 --tokens 16 --ready-file PATH
+
+It answers `GET /health` and `POST /generate` (SGLang's native shape, stream
+and not) instantly: every output token is the last prompt token, logprob 0.
+It never stands in for a real engine in a test of a feature; benchmarks name
+it as "zero-cost fake engine" in their output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+
+try:
+    import orjson
+
+    dumps = orjson.dumps
+except ImportError:  # pragma: no cover
+    def dumps(o):  # type: ignore[misc]
+        return json.dumps(o).encode()
+
+
+class _Engine(asyncio.Protocol):
+    tokens = 16
+
+    def connection_made(self, transport):
+        self.t = transport
+        self.buf = b""
+
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            lines = head.split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            length = 0
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            if len(self.buf) < head_end + 4 + length:
+                return
+            body = self.buf[head_end + 4 : head_end + 4 + length]
+            self.buf = self.buf[head_end + 4 + length :]
+            self.handle(method, path, body)
+
+    def reply(self, status, body, ctype=b"application/json"):
+        self.t.write(
+            b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
+            + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+
+    def handle(self, method, path, body):
+        if path == "/health" or path == "/health_generate":
+            return self.reply(b"200 OK", b"{}")
+        if path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache"):
+            return self.reply(b"200 OK", b'{"status":"ok"}')
+        if path != "/generate":
+            return self.reply(b"404 Not Found", b'{"error":"not found"}')
+        req = json.loads(body)
+        ids = req.get("input_ids") or [0]
+        n = min(int(req.get("sampling_params", {}).get("max_new_tokens", self.tokens)), self.tokens)
+        tok = ids[-1]
+        if not req.get("stream"):
+            out = {
+                "text": "", "output_ids": [tok] * n,
+                "meta_info": {
+                    "id": req.get("rid") or "fake", "prompt_tokens": len(ids), "completion_tokens": n,
+                    "finish_reason": {"type": "length", "length": n}, "weight_version": "default",
+                    "output_token_logprobs": [[0.0, tok, None]] * n,
+                },
+            }
+            return self.reply(b"200 OK", dumps(out))
+        self.t.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for i in range(1, n + 1):
+            ev = {
+                "output_ids": [tok],
+                "meta_info": {
+                    "id": req.get("rid") or "fake", "prompt_tokens": len(ids), "completion_tokens": i,
+                    "finish_reason": {"type": "length", "length": n} if i == n else None,
+                    "weight_version": "default", "output_token_logprobs": [[0.0, tok, None]],
+                },
+            }
+            self._chunk(b"data: " + dumps(ev) + b"\n\n")
+        self._chunk(b"data: [DONE]\n\n")
+        self.t.write(b"0\r\n\r\n")
+
+    def _chunk(self, data):
+        self.t.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--ready-file", default="")
+    args = ap.parse_args()
+    _Engine.tokens = args.tokens
+    server = await asyncio.get_running_loop().create_server(_Engine, args.host, args.port)
+    port = server.sockets[0].getsockname()[1]
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"pid": os.getpid(), "host": args.host, "port": port}, f)
+        os.replace(tmp, args.ready_file)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main())

@@ -1,0 +1,123 @@
+"""Trajectory rows for a trainer, from a session's recorded interactions.
+
+A row: `input_ids` (prompt + output, the stop token included), `loss_mask`
+(0 on prompt tokens, 1 on generated ones), `logprobs` (0 on prompt tokens),
+`versions` (-1 on prompt tokens, else the weight version that produced the
+token), `reward`, and the ids that place it (session, group, task,
+interaction).
+
+Styles:
+- `individual`: one row per interaction.
+- `concat`: one row per chain of turns whose prompts continue the exact token
+  sequence of the turn before (the `concat` chat template): the row is the
+  last turn's tokens with every turn's output marked trainable. A turn whose
+  prompt was re-tokenized (the `hf` template) cannot be laid on its parent's
+  tokens exactly, so it starts a new row instead of silently drifting.
+
+Discount: rewards walk back over a session's turns, `r_i += discount * r_{i+1}`
+(an unrewarded turn counts as 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from areal_proxy.recording.model import Interaction, Session
+
+STYLES = ("individual", "concat")
+
+
+def discounted_rewards(turns: list[Interaction], discount: float) -> list[float]:
+    out = [0.0] * len(turns)
+    acc = 0.0
+    for i in range(len(turns) - 1, -1, -1):
+        r = turns[i].reward or 0.0
+        acc = r + (discount * acc if i < len(turns) - 1 else 0.0)
+        out[i] = acc
+    return out
+
+
+def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
+    return {
+        "session_id": session.session_id,
+        "group_id": session.group_id,
+        "task_id": session.task_id,
+        "interaction_id": it.interaction_id,
+        "reward": reward,
+        "finish_reason": it.finish_reason,
+    }
+
+
+def individual_rows(
+    session: Session, turns: list[Interaction], discount: float
+) -> Iterator[dict[str, Any]]:
+    rewards = discounted_rewards(turns, discount)
+    for it, r in zip(turns, rewards, strict=True):
+        p, o = len(it.prompt_ids), len(it.output_ids)
+        row = _base(session, it, r)
+        row.update(
+            input_ids=it.prompt_ids + it.output_ids,
+            loss_mask=[0] * p + [1] * o,
+            logprobs=[0.0] * p + it.logprobs,
+            versions=[-1] * p + it.versions,
+            interaction_ids=[it.interaction_id],
+        )
+        yield row
+
+
+def _continues(child: Interaction, parent: Interaction) -> bool:
+    n = len(parent.prompt_ids) + len(parent.output_ids)
+    return (
+        child.parent_id == parent.interaction_id
+        and child.inherited == n
+        and child.prompt_ids[: len(parent.prompt_ids)] == parent.prompt_ids
+        and child.prompt_ids[len(parent.prompt_ids) : n] == parent.output_ids
+    )
+
+
+def concat_rows(
+    session: Session, turns: list[Interaction], discount: float
+) -> Iterator[dict[str, Any]]:
+    rewards = discounted_rewards(turns, discount)
+    by_id = {it.interaction_id: it for it in turns}
+    # A turn ends a row unless some later turn continues its exact tokens.
+    continued = {
+        it.parent_id
+        for it in turns
+        if it.parent_id in by_id and _continues(it, by_id[it.parent_id])
+    }
+    for it, r in zip(turns, rewards, strict=True):
+        if it.interaction_id in continued:
+            continue
+        chain = [it]
+        while chain[-1].parent_id in by_id and _continues(chain[-1], by_id[chain[-1].parent_id]):
+            chain.append(by_id[chain[-1].parent_id])
+        chain.reverse()
+        ids = it.prompt_ids + it.output_ids
+        mask = [0] * len(ids)
+        lps = [0.0] * len(ids)
+        vers = [-1] * len(ids)
+        for turn in chain:
+            start = len(turn.prompt_ids)
+            for j, (lp, v) in enumerate(zip(turn.logprobs, turn.versions, strict=True)):
+                mask[start + j] = 1
+                lps[start + j] = lp
+                vers[start + j] = v
+        row = _base(session, it, r)
+        row.update(
+            input_ids=ids,
+            loss_mask=mask,
+            logprobs=lps,
+            versions=vers,
+            interaction_ids=[t.interaction_id for t in chain],
+        )
+        yield row
+
+
+def rows(
+    sessions: Iterable[tuple[Session, list[Interaction]]], style: str, discount: float
+) -> Iterator[dict[str, Any]]:
+    build = individual_rows if style == "individual" else concat_rows
+    for session, turns in sessions:
+        yield from build(session, turns, discount)

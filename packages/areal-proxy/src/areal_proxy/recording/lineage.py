@@ -1,0 +1,74 @@
+"""Parent of an interaction: the earlier one whose conversation is the longest prefix.
+
+Upstream compares each new request against every earlier interaction (and
+sorts them) on every insert, so recording cost grows with history. Here each
+message prefix has a chained hash: finding the parent is one dict lookup per
+message of the new request, whatever the session's length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def canonical(message: dict[str, Any]) -> bytes:
+    """The parts of a message that identify it across turns.
+
+    Clients echo assistant messages back with small differences (call ids,
+    missing reasoning, content parts instead of a string); only the role,
+    the text and the tool calls' names and arguments count.
+    """
+    calls = [
+        (c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", ""))
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
+    return orjson.dumps([message.get("role", ""), _text(message.get("content")), calls])
+
+
+def prefix_hashes(messages: list[dict[str, Any]]) -> list[bytes]:
+    """h[k] identifies messages[: k + 1]."""
+    out: list[bytes] = []
+    h = b""
+    for m in messages:
+        h = hashlib.blake2b(h + canonical(m), digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+class Lineage:
+    """Conversation-prefix index of one session."""
+
+    __slots__ = ("_by_prefix",)
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[bytes, str] = {}
+
+    def parent_of(self, messages: list[dict[str, Any]]) -> tuple[str | None, int]:
+        """(parent interaction id, number of messages it covers) for a new request."""
+        hashes = prefix_hashes(messages)
+        for k in range(len(hashes) - 1, -1, -1):
+            iid = self._by_prefix.get(hashes[k])
+            if iid is not None:
+                return iid, k + 1
+        return None, 0
+
+    def add(
+        self, interaction_id: str, messages: list[dict[str, Any]], response: dict[str, Any]
+    ) -> None:
+        """Index the conversation an interaction ends with (its messages + its answer)."""
+        conv = [*messages, response]
+        self._by_prefix[prefix_hashes(conv)[-1]] = interaction_id

@@ -1,0 +1,46 @@
+"""Plain records of what a session holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Interaction:
+    interaction_id: str
+    session_id: str
+    seq: int
+    # The request's messages (chat) or prompt (completions), as sent.
+    messages: list[dict[str, Any]] | str
+    # The assistant message the proxy returned (chat), or the text.
+    response: dict[str, Any] | str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    parent_id: str | None = None
+    reward: float | None = None
+    created_at: float = 0.0
+    finished_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    # Index in prompt_ids where this turn's own tokens start, when the prompt
+    # continues the parent's exact token sequence (concat template); 0 otherwise.
+    inherited: int = 0
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    group_id: str
+    task_id: str
+    key_hash: str
+    model: str
+    created_at: float
+    last_active_at: float
+    ended_at: float | None = None
+    # When a reward closed the trajectory: turns and rewards are refused after
+    # reward_closed_at + set_reward_finish_timeout.
+    last_reward_at: float | None = None
+    n_interactions: int = 0

@@ -1,0 +1,270 @@
+"""Recording: SQLite store, lineage, export styles, session rules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from areal_proto.service.errors import ServiceError
+from areal_proto.service.session_keys import mint_key, new_id, session_of
+from areal_proxy.recording.concat import continue_tokens
+from areal_proxy.recording.export import concat_rows, discounted_rewards, individual_rows
+from areal_proxy.recording.lineage import Lineage
+from areal_proxy.recording.model import Interaction, Session
+from areal_proxy.recording.sessions import SessionBook
+from areal_proxy.recording.store import Store
+
+
+def _it(
+    sid, seq, prompt, output, *, parent=None, inherited=0, reward=None, versions=None, msgs=None
+):
+    return Interaction(
+        interaction_id=f"i{seq}",
+        session_id=sid,
+        seq=seq,
+        messages=msgs or [{"role": "user", "content": str(seq)}],
+        response={"role": "assistant", "content": f"a{seq}"},
+        prompt_ids=prompt,
+        output_ids=output,
+        logprobs=[-0.5] * len(output),
+        versions=versions or [0] * len(output),
+        finish_reason="stop",
+        parent_id=parent,
+        reward=reward,
+        created_at=1.0,
+        finished_at=2.0,
+        inherited=inherited,
+    )
+
+
+def _new(sid, seq, prompt, output, **kw):
+    """A finished turn not yet recorded: the book assigns its id and number."""
+    it = _it(sid, seq, prompt, output, **kw)
+    it.interaction_id = ""
+    return it
+
+
+def _session(sid="s1"):
+    return Session(sid, "g1", "t1", "h", "m", 1.0, 1.0)
+
+
+def test_store_round_trip_keeps_exact_tokens_and_floats(tmp_path):
+    st = Store(tmp_path / "rec.db")
+    st.add_sessions([_session()])
+    it = _it("s1", 0, [1, 2, 3], [70000, 5])
+    it.logprobs = [-1.2345678901234567, -1e-9]
+    st.add_interaction(it)
+    back = st.interactions("s1")[0]
+    assert back == it
+    assert st.session("s1").n_interactions == 1
+    assert oct(os.stat(tmp_path / "rec.db").st_mode & 0o777) == "0o600"
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path):
+    db = tmp_path / "rec.db"
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path[:0] = {sys.path!r}
+        from areal_proxy.recording.store import Store
+        from areal_proxy.recording.model import Session, Interaction
+        st = Store({str(db)!r})
+        st.add_sessions([Session("s1", "g", "t", "h", "m", 1.0, 1.0)])
+        st.add_interaction(Interaction("i0", "s1", 0, [], "x", [1, 2], [3], [-0.1], [0], "stop"))
+        st.set_reward("s1", "i0", 1.5, 3.0)
+        print("acked", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL and "acked" in proc.stdout
+    st = Store(db)
+    [it] = st.interactions("s1")
+    assert (it.output_ids, it.reward) == ([3], 1.5)
+
+
+def test_lineage_finds_longest_prefix_parent():
+    lin = Lineage()
+    u1 = {"role": "user", "content": "hi"}
+    a1 = {"role": "assistant", "content": "hello", "reasoning_content": "dropped by clients"}
+    lin.add("i0", [u1], a1)
+    u2 = {"role": "user", "content": "more"}
+    a2 = {"role": "assistant", "content": "sure"}
+    lin.add(
+        "i1", [u1, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}, u2], a2
+    )
+    assert lin.parent_of([u1]) == (None, 0)
+    assert lin.parent_of([u1, {"role": "assistant", "content": "hello"}, u2]) == ("i0", 2)
+    conv = [u1, {"role": "assistant", "content": "hello"}, u2, a2, {"role": "user", "content": "x"}]
+    assert lin.parent_of(conv) == ("i1", 4)
+    assert lin.parent_of([{"role": "user", "content": "other"}]) == (None, 0)
+
+
+def test_discount_walks_back_over_turns():
+    turns = [
+        _it("s", 0, [1], [2]),
+        _it("s", 1, [1], [2], reward=0.0),
+        _it("s", 2, [1], [2], reward=1.0),
+    ]
+    assert discounted_rewards(turns, 0.5) == [0.25, 0.5, 1.0]
+    assert discounted_rewards(turns, 1.0) == [1.0, 1.0, 1.0]
+    assert discounted_rewards(turns, 0.0) == [0.0, 0.0, 1.0]
+
+
+def test_individual_rows_masks_and_versions():
+    turns = [_it("s1", 0, [1, 2], [3, 4], versions=[0, 1], reward=2.0)]
+    [row] = individual_rows(_session(), turns, 1.0)
+    assert row["input_ids"] == [1, 2, 3, 4]
+    assert row["loss_mask"] == [0, 0, 1, 1]
+    assert row["logprobs"] == [0.0, 0.0, -0.5, -0.5]
+    assert row["versions"] == [-1, -1, 0, 1]
+    assert (row["reward"], row["group_id"], row["task_id"]) == (2.0, "g1", "t1")
+
+
+def test_concat_rows_lay_turns_on_one_token_stream():
+    t0 = _it("s1", 0, [1, 2], [3, 4])
+    t1 = _it("s1", 1, [1, 2, 3, 4, 9], [5], parent="i0", inherited=4, versions=[1])
+    t2 = _it("s1", 2, [1, 2, 3, 4, 9, 5, 9], [6, 7], parent="i1", inherited=6, reward=1.0)
+    [row] = concat_rows(_session(), [t0, t1, t2], 0.5)
+    assert row["input_ids"] == [1, 2, 3, 4, 9, 5, 9, 6, 7]
+    assert row["loss_mask"] == [0, 0, 1, 1, 0, 1, 0, 1, 1]
+    assert row["versions"] == [-1, -1, 0, 0, -1, 1, -1, 0, 0]
+    assert row["interaction_ids"] == ["i0", "i1", "i2"]
+    assert row["reward"] == 1.0
+
+
+def test_concat_breaks_where_a_turn_was_retokenized():
+    t0 = _it("s1", 0, [1, 2], [3, 4])
+    t1 = _it("s1", 1, [1, 2, 8, 9], [5], parent="i0", inherited=0, reward=1.0)  # hf: drifted
+    rows = list(concat_rows(_session(), [t0, t1], 1.0))
+    assert [r["interaction_ids"] for r in rows] == [["i0"], ["i1"]]
+    assert [r["reward"] for r in rows] == [1.0, 1.0]
+
+
+def test_continue_tokens_keeps_parent_ids_exactly():
+    vocab = {"<a>": 1, "hi": 2, "\n": 3, "<u>": 4, "yo": 5}
+    inv = {v: k for k, v in vocab.items()}
+
+    def encode(text):
+        out, i = [], 0
+        while i < len(text):
+            for tok in sorted(vocab, key=len, reverse=True):
+                if text.startswith(tok, i):
+                    out.append(vocab[tok])
+                    i += len(tok)
+                    break
+            else:
+                raise AssertionError(text[i:])
+        return out
+
+    def decode(ids):
+        return "".join(inv[i] for i in ids)
+
+    parent = [1, 2, 2]  # the model produced "hi" "hi" (a re-tokenizer might merge them)
+    assert continue_tokens(parent, "<a>hihi\n<u>yo\n", decode, encode) == [1, 2, 2, 3, 4, 5, 3]
+    assert continue_tokens(parent, "<a>changed history", decode, encode) is None
+
+
+@pytest.fixture
+def book(tmp_path):
+    b = SessionBook(Store(tmp_path / "r.db"), ttl=60, reward_finish_timeout=0.0, max_live=4)
+    return b
+
+
+def _start(book, n=1, group="g1"):
+    creds = []
+    for _ in range(n):
+        sid = new_id("sess")
+        creds.append((sid, mint_key(sid)))
+    book.start(group, "task", "m", creds)
+    return creds
+
+
+async def test_session_key_acts_only_on_its_session(book):
+    (s1, k1), (s2, _) = _start(book, 2)
+    assert session_of(k1) == s1
+    assert book.authorize(s1, k1, for_turn=True).session_id == s1
+    with pytest.raises(ServiceError) as info:
+        book.authorize(s2, k1, for_turn=True)
+    assert info.value.http_status == 401
+    with pytest.raises(ServiceError) as info:
+        book.authorize("sess-nope", k1, for_turn=True)
+    assert info.value.http_status == 404
+
+
+async def test_reward_closes_turns_unless_finish_timeout(book):
+    [(sid, key)] = _start(book)
+    s = book.authorize(sid, key, for_turn=True)
+    with pytest.raises(ServiceError, match="no interaction"):
+        book.set_reward(s, "", 1.0)
+    it = await book.record(_new(sid, 0, [1], [2]))
+    assert book.set_reward(s, "", 1.0) == it.interaction_id
+    with pytest.raises(ServiceError) as info:
+        book.authorize(sid, key, for_turn=True)
+    assert info.value.code == "session_finished"
+    book.reward_finish_timeout = 30.0
+    assert book.authorize(sid, key, for_turn=True)
+    for bad in [float("nan"), "1", True]:
+        with pytest.raises(ServiceError) as info:
+            book.set_reward(s, "", bad)
+        assert info.value.http_status == 400
+    with pytest.raises(ServiceError) as info:
+        book.set_reward(s, "int-unknown", 1.0)
+    assert info.value.http_status == 404
+
+
+async def test_live_state_is_bounded_and_reloads(book):
+    creds = _start(book, 10)
+    for sid, key in creds:
+        s = book.authorize(sid, key, for_turn=True)
+        msgs = [{"role": "user", "content": "q"}]
+        book.begin_turn(s, msgs)
+        await book.record(_new(sid, 0, [1], [2], msgs=msgs))
+    assert book.live_count <= 4
+    sid, key = creds[0]
+    s = book.authorize(sid, key, for_turn=True)
+    turn = book.begin_turn(
+        s,
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a0"},
+            {"role": "user", "content": "r"},
+        ],
+    )
+    assert turn.parent is not None and turn.covered == 2
+    it = await book.record(_new(sid, 0, [1], [2]))
+    assert it.seq == 1, "turn numbers continue after the session was evicted and reloaded"
+
+
+async def test_export_errors_and_repeatability(book):
+    creds = _start(book, 2, group="grp")
+    for sid, _ in creds:
+        await book.record(_new(sid, 0, [1], [2], reward=1.0))
+    sessions = book.resolve_export([], "grp")
+    first = list(book.export_rows(sessions, "individual", 1.0))
+    assert first == list(book.export_rows(sessions, "individual", 1.0))
+    assert len(first) == 2
+    with pytest.raises(ServiceError) as info:
+        book.resolve_export([], "nope")
+    assert info.value.http_status == 404
+    with pytest.raises(ServiceError):
+        book.export_rows(sessions, "weird", 1.0)
+    with pytest.raises(ServiceError):
+        book.export_rows(sessions, "concat", 2.0)
+    book.remove(sessions)
+    with pytest.raises(ServiceError) as info:
+        book.resolve_export([], "grp")
+    assert info.value.http_status == 404
+
+
+async def test_idle_sessions_expire(book):
+    [(sid, key)] = _start(book)
+    assert book.expire(time.time() + 30) == []
+    assert book.expire(time.time() + 120) == [sid]
+    with pytest.raises(ServiceError) as info:
+        book.authorize(sid, key, for_turn=True)
+    assert info.value.code == "session_ended"
