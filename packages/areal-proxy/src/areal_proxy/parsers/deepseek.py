@@ -1,19 +1,23 @@
-"""DeepSeek tool calls (note the full-width bars and the ▁ characters).
+"""DeepSeek tool calls.
 
-V3 / R1-0528:
+The markers use FULLWIDTH VERTICAL LINE (U+FF5C) for the bars and LOWER ONE
+EIGHTH BLOCK (U+2581) between words; below they are written ``<|tool_calls_begin|>``
+etc. for readability (see the constants for the real strings).
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
+V3 / R1-0528::
+
+    <|tool_calls_begin|><|tool_call_begin|>function<|tool_sep|>get_weather
     ```json
     {"city": "Paris"}
-    ```<｜tool▁call▁end｜>
-    <｜tool▁call▁begin｜>function<｜tool▁sep｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    ```<|tool_call_end|>
+    <|tool_call_begin|>function<|tool_sep|>...<|tool_call_end|><|tool_calls_end|>
 
-V3.1 drops the type and the fence:
+V3.1 drops the type and the fence::
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    <|tool_calls_begin|><|tool_call_begin|>get_weather<|tool_sep|>{"city": "Paris"}<|tool_call_end|><|tool_calls_end|>
 
-Both forms are read by either name. Each ``<｜tool▁call▁begin｜>`` ...
-``<｜tool▁call▁end｜>`` is one region; the outer begin/end markers are markup
+Both forms are read by either name. Each ``<|tool_call_begin|>`` ...
+``<|tool_call_end|>`` is one region; the outer begin/end markers are markup
 and are always removed from the content.
 """
 
@@ -25,11 +29,11 @@ from ._text import is_missing, loads_strict, normalize_arguments
 from .registry import register_tool_parser
 from .tool_base import Region, ToolParser
 
-CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
-CALLS_END = "<｜tool▁calls▁end｜>"
-CALL_BEGIN = "<｜tool▁call▁begin｜>"
-CALL_END = "<｜tool▁call▁end｜>"
-SEP = "<｜tool▁sep｜>"
+CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
+SEP = "<\uff5ctool\u2581sep\uff5c>"
 
 # V3: function<sep>NAME\n```json\n{...}\n```
 _V3 = re.compile(

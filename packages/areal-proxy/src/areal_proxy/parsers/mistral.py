@@ -34,13 +34,13 @@ class MistralToolParser(ToolParser):
 
     def start_region(self, marker: str) -> None:
         self._scan = JsonEnd()
-        self._open = -1  # where the JSON value starts in the body
+        self._value_at = -1  # where the JSON value starts in the body
 
     def parse_region(self, marker: str, body: str, final: bool) -> Region | None:
-        if self._open < 0:
+        if self._value_at < 0:
             stripped = body.lstrip()
             if stripped.startswith("["):
-                self._open = len(body) - len(stripped)
+                self._value_at = len(body) - len(stripped)
             else:
                 brace = body.find("{")
                 header = body if brace < 0 else body[:brace]
@@ -55,8 +55,8 @@ class MistralToolParser(ToolParser):
                     return Region(0, None)
                 if not _HEADER.fullmatch(header):
                     return Region(0, None)
-                self._open = brace
-        start = self._open
+                self._value_at = brace
+        start = self._value_at
         text = body[start:]
         end = self._scan.scan(text)
         if end is None:
