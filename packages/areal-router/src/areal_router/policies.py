@@ -17,6 +17,8 @@ from typing import Protocol
 from areal_proto.service.errors import ServiceError
 from areal_router.registry import EXTERNAL, HEALTH_NAMES, ModelState, ProxyState, Registry
 
+POLICY_NAMES = ("round_robin", "least_loaded", "power_of_two", "session_affinity", "cache_aware")
+
 
 @dataclass
 class RouteContext:
@@ -185,7 +187,9 @@ def make_policies(rng: random.Random | None = None) -> dict[str, Policy]:
         SessionAffinity(),
         CacheAware(),
     ]
-    return {p.name: p for p in policies}
+    by_name = {p.name: p for p in policies}
+    assert tuple(by_name) == POLICY_NAMES
+    return by_name
 
 
 @dataclass

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from areal_proto.service.settings import parse_settings
 from areal_router import __version__
+from areal_router.policies import POLICY_NAMES
 
-POLICIES = ("round_robin", "least_loaded", "power_of_two", "session_affinity", "cache_aware")
+POLICIES = POLICY_NAMES
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "AREAL_ROUTER_"
 
