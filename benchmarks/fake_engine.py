@@ -14,12 +14,14 @@ import argparse
 import asyncio
 import json
 import os
+from pathlib import Path
 
 try:
     import orjson
 
     dumps = orjson.dumps
 except ImportError:  # pragma: no cover
+
     def dumps(o):  # type: ignore[misc]
         return json.dumps(o).encode()
 
@@ -53,8 +55,14 @@ class _Engine(asyncio.Protocol):
 
     def reply(self, status, body, ctype=b"application/json"):
         self.t.write(
-            b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
-            + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Type: "
+            + ctype
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
         )
 
     def handle(self, method, path, body):
@@ -70,10 +78,14 @@ class _Engine(asyncio.Protocol):
         tok = ids[-1]
         if not req.get("stream"):
             out = {
-                "text": "", "output_ids": [tok] * n,
+                "text": "",
+                "output_ids": [tok] * n,
                 "meta_info": {
-                    "id": req.get("rid") or "fake", "prompt_tokens": len(ids), "completion_tokens": n,
-                    "finish_reason": {"type": "length", "length": n}, "weight_version": "default",
+                    "id": req.get("rid") or "fake",
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": n,
+                    "finish_reason": {"type": "length", "length": n},
+                    "weight_version": "default",
                     "output_token_logprobs": [[0.0, tok, None]] * n,
                 },
             }
@@ -85,9 +97,12 @@ class _Engine(asyncio.Protocol):
             ev = {
                 "output_ids": [tok],
                 "meta_info": {
-                    "id": req.get("rid") or "fake", "prompt_tokens": len(ids), "completion_tokens": i,
+                    "id": req.get("rid") or "fake",
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": i,
                     "finish_reason": {"type": "length", "length": n} if i == n else None,
-                    "weight_version": "default", "output_token_logprobs": [[0.0, tok, None]],
+                    "weight_version": "default",
+                    "output_token_logprobs": [[0.0, tok, None]],
                 },
             }
             self._chunk(b"data: " + dumps(ev) + b"\n\n")
@@ -96,6 +111,11 @@ class _Engine(asyncio.Protocol):
 
     def _chunk(self, data):
         self.t.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+def _write_ready(path: str, host: str, port: int) -> None:
+    Path(path + ".tmp").write_text(json.dumps({"pid": os.getpid(), "host": host, "port": port}))
+    os.replace(path + ".tmp", path)
 
 
 async def main() -> None:
@@ -109,10 +129,7 @@ async def main() -> None:
     server = await asyncio.get_running_loop().create_server(_Engine, args.host, args.port)
     port = server.sockets[0].getsockname()[1]
     if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"pid": os.getpid(), "host": args.host, "port": port}, f)
-        os.replace(tmp, args.ready_file)
+        _write_ready(args.ready_file, args.host, port)
     async with server:
         await server.serve_forever()
 

@@ -1,0 +1,164 @@
+"""Overhead of the areal path (gateway -> router -> proxy) over calling the engine directly.
+
+    uv run python benchmarks/gateway_overhead.py [--requests 2000] [--tokens 16]
+
+The engine is the *zero-cost fake engine* (benchmarks/fake_engine.py): it
+answers instantly, so every millisecond measured through the gateway is
+areal's own. Client, gateway, router, proxy and engine share this machine's
+cores. Prints one table: engine direct vs through the gateway, same prompt
+ids, at concurrency 1 and 64, non-stream and stream, with ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
+
+from areal_cli import supervisor  # noqa: E402
+
+PROMPT_IDS = [42, 367, 81, 442, 267, 428, 78, 100, 200, 300, 17, 19, 23, 29, 31, 37]
+
+
+async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stream: bool) -> dict:
+    lat: list[float] = []
+    ttft: list[float] = []
+    gaps: list[float] = []
+    errors = 0
+    sem = asyncio.Semaphore(conc)
+    conn = aiohttp.TCPConnector(limit=conc)
+    async with aiohttp.ClientSession(connector=conn, headers=headers) as http:
+
+        async def one() -> None:
+            nonlocal errors
+            async with sem:
+                t0 = time.perf_counter()
+                async with http.post(url, data=body) as r:
+                    if r.status != 200:
+                        errors += 1
+                        await r.read()
+                        return
+                    if not stream:
+                        await r.read()
+                    else:
+                        first = None
+                        prev = None
+                        async for line in r.content:
+                            if not line.startswith(b"data:"):
+                                continue
+                            now = time.perf_counter()
+                            if first is None:
+                                first = now
+                                ttft.append(now - t0)
+                            elif prev is not None:
+                                gaps.append(now - prev)
+                            prev = now
+                lat.append(time.perf_counter() - t0)
+
+        # warm-up, then the measured run
+        await asyncio.gather(*(one() for _ in range(min(50, n))))
+        lat.clear(), ttft.clear(), gaps.clear()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n)))
+        wall = time.perf_counter() - t0
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
+    out = {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "rps": len(lat) / wall, "errors": errors}
+    if stream and ttft:
+        out["ttft_p50"] = statistics.median(ttft) * 1e3
+        out["gap_p50"] = statistics.median(gaps) * 1e3 if gaps else 0.0
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--tokens", type=int, default=16)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="areal-bench-"))
+    engine = launch(
+        "fake-engine",
+        [sys.executable, str(ROOT / "benchmarks" / "fake_engine.py"), "--tokens", str(args.tokens)],
+        tmp,
+        {},
+    )
+    engine_url = f"http://127.0.0.1:{engine.info['port']}"
+    stack = start_stack(
+        tmp,
+        engine_url,
+        ROOT / "models" / "tiny-parrot",
+        n_proxies=1,
+        gateway_args=["--log-level", "warning"],
+        proxy_args=["--log-level", "warning"],
+        router_args=["--log-level", "warning"],
+    )
+    try:
+        direct = {"Content-Type": "application/json"}
+        via = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
+        rows = []
+        for stream in (False, True):
+            eng_body = orjson.dumps(
+                {
+                    "input_ids": PROMPT_IDS,
+                    "sampling_params": {"max_new_tokens": args.tokens, "temperature": 0},
+                    "return_logprob": True,
+                    "stream": stream,
+                }
+            )
+            gw_body = orjson.dumps(
+                {
+                    "model": "tiny-parrot",
+                    "prompt": PROMPT_IDS,
+                    "max_tokens": args.tokens,
+                    "temperature": 0,
+                    "stream": stream,
+                }
+            )
+            for conc in (1, 64):
+                n = args.requests if conc > 1 else args.requests // 2
+                e = asyncio.run(
+                    run_load(engine_url + "/generate", eng_body, direct, n, conc, stream)
+                )
+                g = asyncio.run(
+                    run_load(stack.gateway_url + "/v1/completions", gw_body, via, n, conc, stream)
+                )
+                rows.append((("stream" if stream else "non-stream"), conc, e, g))
+        print(
+            f"\nareal gateway overhead vs zero-cost fake engine ({args.tokens} tokens/request, "
+            f"{args.requests} requests at c=64, half at c=1; all processes on this machine)\n"
+        )
+        hdr = f"{'mode':<11}{'c':>4} | {'engine p50':>10} {'p99':>7} {'req/s':>7} | {'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'added p99':>9} {'rps ratio':>9}"
+        print(hdr)
+        print("-" * len(hdr))
+        for mode, conc, e, g in rows:
+            print(
+                f"{mode:<11}{conc:>4} | {e['p50']:>9.2f}ms {e['p99']:>6.2f} {e['rps']:>7.0f} | "
+                f"{g['p50']:>10.2f}ms {g['p99']:>6.2f} {g['rps']:>7.0f} | "
+                f"{g['p50'] - e['p50']:>8.2f}ms {g['p99'] - e['p99']:>8.2f}ms {g['rps'] / e['rps']:>9.2f}"
+            )
+            if mode == "stream":
+                print(
+                    f"{'':<15} | ttft p50 {e.get('ttft_p50', 0):.2f} ms, chunk gap p50 {e.get('gap_p50', 0):.3f} ms"
+                    f" | ttft p50 {g.get('ttft_p50', 0):.2f} ms, chunk gap p50 {g.get('gap_p50', 0):.3f} ms"
+                )
+            if e["errors"] or g["errors"]:
+                print(f"{'':<15} errors: engine {e['errors']}, gateway {g['errors']}")
+    finally:
+        stack.stop()
+        supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
