@@ -89,9 +89,10 @@ class JsonEnd:
     the same (growing) text each time; it continues where it stopped.
     """
 
-    __slots__ = ("depth", "escape", "in_string", "pos")
+    __slots__ = ("depth", "end", "escape", "in_string", "pos")
 
     def __init__(self) -> None:
+        self.end: int | None = None
         self.pos = 0
         self.depth = 0
         self.in_string = False
@@ -99,6 +100,8 @@ class JsonEnd:
 
     def scan(self, text: str) -> int | None:
         """Index just after the closing bracket, or None if not closed yet."""
+        if self.end is not None:
+            return self.end
         i = self.pos
         n = len(text)
         depth, in_string, escape = self.depth, self.in_string, self.escape
@@ -119,7 +122,7 @@ class JsonEnd:
             elif c == "}" or c == "]":
                 depth -= 1
                 if depth <= 0:
-                    self.pos, self.depth, self.in_string, self.escape = i, 0, False, False
+                    self.end = i
                     return i
         self.pos, self.depth, self.in_string, self.escape = i, depth, in_string, escape
         return None
