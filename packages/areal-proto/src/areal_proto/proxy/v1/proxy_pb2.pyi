@@ -104,16 +104,22 @@ class EndSessionsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_IDS_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: the admin key, or a session key (which may end only its own session)."""
+
     def __init__(
         self,
         *,
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "session_ids", b"session_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -145,20 +151,26 @@ class SetRewardRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     INTERACTION_ID_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     interaction_id: _builtins.str
     """Empty: the session's last interaction."""
     reward: _builtins.float
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: a session key may reward only its own session."""
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         interaction_id: _builtins.str = ...,
         reward: _builtins.float = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["interaction_id", b"interaction_id", "reward", b"reward", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "interaction_id", b"interaction_id", "reward", b"reward", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -195,6 +207,7 @@ class ExportTrajectoriesRequest(_message.Message):
     STYLE_FIELD_NUMBER: _builtins.int
     DISCOUNT_FIELD_NUMBER: _builtins.int
     REMOVE_SESSION_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     style: _builtins.str
     """"individual" or "concat"."""
@@ -202,6 +215,10 @@ class ExportTrajectoriesRequest(_message.Message):
     remove_session: _builtins.bool
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: a session key may export only its own session."""
+
     def __init__(
         self,
         *,
@@ -210,10 +227,11 @@ class ExportTrajectoriesRequest(_message.Message):
         style: _builtins.str = ...,
         discount: _builtins.float = ...,
         remove_session: _builtins.bool = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "style", b"style"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "style", b"style"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -403,6 +421,56 @@ class ProxyStats(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProxyStats: _TypeAlias = ProxyStats  # noqa: Y015
+
+@_typing.final
+class CreateAgentSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_API_KEY_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    session_api_key: _builtins.str
+    """Minted by the gateway; the proxy keeps only its hash."""
+    metadata: _builtins.bytes
+    """Session metadata as a JSON object."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        session_api_key: _builtins.str = ...,
+        metadata: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "session_api_key", b"session_api_key", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAgentSessionRequest: _TypeAlias = CreateAgentSessionRequest  # noqa: Y015
+
+@_typing.final
+class CreateAgentSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    RL_SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    rl_session_id: _builtins.str
+    """Set when the agent service is linked to an inference service."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        rl_session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rl_session_id", b"rl_session_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAgentSessionResponse: _TypeAlias = CreateAgentSessionResponse  # noqa: Y015
 
 @_typing.final
 class AgentTurnRequest(_message.Message):

@@ -100,6 +100,11 @@ class ProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
                 _registered_method=True)
+        self.CreateAgentSession = channel.unary_unary(
+                '/areal.proxy.v1.ProxyService/CreateAgentSession',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.FromString,
+                _registered_method=True)
         self.AgentTurn = channel.unary_stream(
                 '/areal.proxy.v1.ProxyService/AgentTurn',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.SerializeToString,
@@ -203,9 +208,15 @@ class ProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def AgentTurn(self, request, context):
+    def CreateAgentSession(self, request, context):
         """Agent mode: one turn of a session as a stream of agent events.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AgentTurn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -289,6 +300,11 @@ def add_ProxyServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.SerializeToString,
+            ),
+            'CreateAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAgentSession,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.SerializeToString,
             ),
             'AgentTurn': grpc.unary_stream_rpc_method_handler(
                     servicer.AgentTurn,
@@ -657,6 +673,33 @@ class ProxyService:
             '/areal.proxy.v1.ProxyService/GetStats',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAgentSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.ProxyService/CreateAgentSession',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

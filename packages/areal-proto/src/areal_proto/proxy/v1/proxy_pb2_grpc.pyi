@@ -53,8 +53,9 @@ class ProxyServiceStub:
     UpdateWeights: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]
     GetStats: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]
     """Health and load, polled by the router."""
-    AgentTurn: _grpc.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]
+    CreateAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]
     """Agent mode: one turn of a session as a stream of agent events."""
+    AgentTurn: _grpc.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]
     CloseAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]
     GetAgentHistory: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]
 
@@ -80,8 +81,9 @@ class ProxyServiceAsyncStub(ProxyServiceStub):
     UpdateWeights: _aio.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     GetStats: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]  # type: ignore[assignment]
     """Health and load, polled by the router."""
-    AgentTurn: _aio.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]  # type: ignore[assignment]
+    CreateAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]  # type: ignore[assignment]
     """Agent mode: one turn of a session as a stream of agent events."""
+    AgentTurn: _aio.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]  # type: ignore[assignment]
     CloseAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]  # type: ignore[assignment]
     GetAgentHistory: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]  # type: ignore[assignment]
 
@@ -184,12 +186,19 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         """Health and load, polled by the router."""
 
     @_abc_1.abstractmethod
+    def CreateAgentSession(
+        self,
+        request: _proxy_pb2.CreateAgentSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.CreateAgentSessionResponse, _abc.Awaitable[_proxy_pb2.CreateAgentSessionResponse]]:
+        """Agent mode: one turn of a session as a stream of agent events."""
+
+    @_abc_1.abstractmethod
     def AgentTurn(
         self,
         request: _proxy_pb2.AgentTurnRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.AgentEventMessage], _abc.AsyncIterator[_proxy_pb2.AgentEventMessage]]:
-        """Agent mode: one turn of a session as a stream of agent events."""
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.AgentEventMessage], _abc.AsyncIterator[_proxy_pb2.AgentEventMessage]]: ...
 
     @_abc_1.abstractmethod
     def CloseAgentSession(
