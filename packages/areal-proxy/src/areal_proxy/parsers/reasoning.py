@@ -43,6 +43,7 @@ class ReasoningParser:
         self._ws = WsHolder(strip_leading=True)
         self._out: list[ReasoningEvent] = []
         self._finished = False
+        self._search_from = 0
 
     def feed(self, delta: str) -> list[ReasoningEvent]:
         if self._finished:
@@ -95,7 +96,7 @@ class ReasoningParser:
             self._state = _REASONING if self.starts_in_reasoning else _UNSURE
             return True
         if state == _UNSURE:
-            i = buf.find(self.end_tag)
+            i = buf.find(self.end_tag, self._search_from)
             if i >= 0:
                 self._buf = buf[i + len(self.end_tag) :]
                 self._end_reasoning(buf[:i])
@@ -104,6 +105,8 @@ class ReasoningParser:
                 self._emit(ContentDelta(buf))
                 self._buf = ""
                 self._state = _CONTENT
+            else:
+                self._search_from = max(0, len(buf) - len(self.end_tag) + 1)
             return False
         if state == _REASONING:
             i = buf.find(self.end_tag)

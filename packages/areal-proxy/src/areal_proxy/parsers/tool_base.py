@@ -13,8 +13,10 @@ Consequently a call is emitted (name first, then its arguments) as soon as
 its region is complete; arguments are not streamed token by token, because a
 call whose name has gone out can no longer be turned back into content.
 
-Whitespace that separates content from a call, or calls from each other, is
-dropped; so is trailing whitespace of the content when the output made calls.
+Whitespace right before a call (between content and a call, or between two
+calls) is dropped, and so is trailing whitespace of the content when the
+output made calls; a streamer holds a whitespace run back until the next
+non-blank text shows which applies. Text after a call is kept as it is.
 """
 
 from __future__ import annotations
