@@ -1,0 +1,236 @@
+"""ProxyService in agent mode: sessions and ordered turns in front of one agent worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import orjson
+
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proto.service.errors import ServiceError, abort
+from areal_proto.service.session_keys import new_id
+from areal_proxy.agent.inference_link import InferenceLink
+from areal_proxy.agent.sessions import AgentSession, AgentSessions
+from areal_proxy.agent.worker_client import WorkerClient
+
+log = logging.getLogger("areal_proxy.agent")
+
+_NOT_HERE = ServiceError(409, "this data proxy runs in agent mode", code="wrong_mode")
+
+
+class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
+    def __init__(
+        self,
+        worker: WorkerClient,
+        sessions: AgentSessions,
+        *,
+        link: InferenceLink | None = None,
+        proxy_id: str = "",
+        turn_timeout: float | None = None,
+    ) -> None:
+        self.worker = worker
+        self.sessions = sessions
+        self.link = link
+        self.proxy_id = proxy_id
+        self.turn_timeout = turn_timeout
+        self.running_turns = 0
+        self.total_turns = 0
+        self.worker_healthy = False
+        self.draining = False
+
+    # -- background ---------------------------------------------------------
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Track worker health and close idle sessions, until cancelled."""
+        while True:
+            self.worker_healthy = await self.worker.healthy(rpc_timeout=min(interval, 1.0))
+            for s in self.sessions.idle():
+                log.info("session %s idle for %.0fs: closing", s.session_id, self.sessions.timeout)
+                await self._close(s)
+            await asyncio.sleep(interval)
+
+    async def _close(self, s: AgentSession) -> None:
+        self.sessions.pop(s.session_id)
+        with contextlib.suppress(ServiceError):
+            await self.worker.close_session(s.session_id)
+        if self.link is not None and s.rl_key:
+            with contextlib.suppress(ServiceError):
+                await self.link.end_session(s.rl_key)
+
+    async def _create(self, session_id: str, key: str, metadata: dict[str, Any]) -> AgentSession:
+        s = self.sessions.create(session_id, key, metadata)
+        if self.link is not None:
+            try:
+                s.rl_session_id, s.rl_key = await self.link.start_session(task_id=session_id)
+            except ServiceError:
+                self.sessions.pop(session_id)
+                raise
+        return s
+
+    # -- sessions -----------------------------------------------------------
+
+    async def CreateAgentSession(
+        self, request: proxy_pb2.CreateAgentSessionRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.CreateAgentSessionResponse:
+        try:
+            meta = orjson.loads(request.metadata) if request.metadata else {}
+            s = await self._create(
+                request.session_id or new_id("agent"), request.session_api_key, meta
+            )
+        except ServiceError as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
+        return proxy_pb2.CreateAgentSessionResponse(
+            session_id=s.session_id, rl_session_id=s.rl_session_id
+        )
+
+    async def AgentTurn(
+        self, request: proxy_pb2.AgentTurnRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[proxy_pb2.AgentEventMessage]:
+        env = request.envelope
+        try:
+            if self.draining:
+                raise ServiceError(503, "this agent pair is draining", code="draining")
+            s = self.sessions.get(request.session_id, env.api_key, is_admin=env.is_admin)
+            if s is None:
+                if not env.is_admin:
+                    raise ServiceError(
+                        404, f"session '{request.session_id}' not found", code="session_not_found"
+                    )
+                s = await self._create(request.session_id or new_id("agent"), "", {})
+        except ServiceError as e:
+            await abort(context, e)
+            return
+        message = orjson.loads(request.message) if request.message else ""
+        metadata = orjson.loads(request.metadata) if request.metadata else {}
+        async with s.lock:
+            self.running_turns += 1
+            self.total_turns += 1
+            parts: list[str] = []
+            failed = False
+            link = (
+                (self.link.base_url, s.rl_key, self.link.model) if self.link and s.rl_key else None
+            )
+            try:
+                async for typ, data in self.worker.run_turn(
+                    session_id=s.session_id,
+                    message=message,
+                    history=list(s.history),
+                    metadata={**s.metadata, **metadata},
+                    run_id=env.request_id or new_id("run"),
+                    link=link,
+                    rpc_timeout=self.turn_timeout,
+                ):
+                    if typ == "delta":
+                        parts.append(str(data.get("text", "")))
+                    elif typ == "error":
+                        failed = True
+                    yield proxy_pb2.AgentEventMessage(type=typ, data=orjson.dumps(data))
+            except ServiceError as e:
+                await abort(context, e)
+            finally:
+                self.running_turns -= 1
+                s.last_active_at = time.time()
+            if not failed:
+                s.history.append({"role": "user", "content": message})
+                s.history.append({"role": "assistant", "content": "".join(parts)})
+                s.turns += 1
+
+    async def CloseAgentSession(
+        self, request: proxy_pb2.CloseAgentSessionRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.CloseAgentSessionResponse:
+        s = self.sessions.pop(request.session_id)
+        if s is not None:
+            self.sessions._by_id[s.session_id] = s  # _close pops it again, after the hooks
+            await self._close(s)
+        return proxy_pb2.CloseAgentSessionResponse(existed=s is not None)
+
+    async def GetAgentHistory(
+        self, request: proxy_pb2.GetAgentHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.GetAgentHistoryResponse:
+        s = self.sessions.get(request.session_id, "", is_admin=True)
+        if s is None:
+            await abort(
+                context,
+                ServiceError(
+                    404, f"session '{request.session_id}' not found", code="session_not_found"
+                ),
+            )
+            raise AssertionError("unreachable")
+        return proxy_pb2.GetAgentHistoryResponse(history=orjson.dumps(s.history))
+
+    # -- rewards and export through the linked inference service -------------
+
+    def _linked(self, session_id: str, env: Any) -> tuple[AgentSession, InferenceLink]:
+        s = self.sessions.get(session_id, env.api_key, is_admin=env.is_admin)
+        if s is None:
+            raise ServiceError(404, f"session '{session_id}' not found", code="session_not_found")
+        if self.link is None or not s.rl_key:
+            raise ServiceError(
+                409, "this agent service is not linked to an inference service", code="not_linked"
+            )
+        return s, self.link
+
+    async def SetReward(
+        self, request: proxy_pb2.SetRewardRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.SetRewardResponse:
+        try:
+            s, link = self._linked(request.session_id, request.envelope)
+            out = await link.set_reward(s.rl_key, request.reward, request.interaction_id)
+        except ServiceError as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
+        return proxy_pb2.SetRewardResponse(
+            interaction_id=out.get("interaction_id", ""), reward=request.reward
+        )
+
+    async def ExportTrajectories(
+        self, request: proxy_pb2.ExportTrajectoriesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[proxy_pb2.ExportChunk]:
+        for sid in request.session_ids:
+            try:
+                s, link = self._linked(sid, request.envelope)
+                rows = await link.export(
+                    s.rl_session_id,
+                    request.style or "individual",
+                    request.discount or 1.0,
+                    request.remove_session,
+                )
+            except ServiceError as e:
+                await abort(context, e)
+                return
+            for row in rows:
+                row["agent_session_id"] = sid
+            yield proxy_pb2.ExportChunk(
+                jsonl=b"".join(orjson.dumps(r) + b"\n" for r in rows), rows=len(rows)
+            )
+
+    # -- health and load ----------------------------------------------------
+
+    async def GetStats(
+        self, request: proxy_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.ProxyStats:
+        return proxy_pb2.ProxyStats(
+            healthy=self.worker_healthy,
+            draining=self.draining,
+            inflight_requests=self.running_turns,
+            sessions=len(self.sessions),
+            total_requests=self.total_turns,
+            detail=""
+            if self.worker_healthy
+            else f"agent worker at {self.worker.address} not serving",
+        )
+
+    # -- inference RPCs do not exist in agent mode ----------------------------
+
+    async def ChatCompletion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await abort(context, _NOT_HERE)
+
+    async def Completion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await abort(context, _NOT_HERE)
