@@ -20,6 +20,7 @@ def make_registry(**models: int) -> Registry:
         reg.add_model(ModelState(name=name))
         for i in range(n):
             reg.upsert_proxy(f"{name}{i}", f"127.0.0.1:{1000 + i}", name)
+            report(reg, f"{name}{i}")  # routable once a poll said so
     return reg
 
 
@@ -383,7 +384,14 @@ def test_cache_aware_is_per_model():
     assert router.route("b", prefix_hashes=[9]).proxy.proxy_id == "b0"  # type: ignore[union-attr]
 
 
-def test_route_is_healthy_immediately_after_registration():
-    reg = make_registry(a=1)
-    assert reg.proxies["a0"].health == HEALTHY
-    assert Router(reg).route("a").proxy.proxy_id == "a0"  # type: ignore[union-attr]
+def test_a_proxy_is_routable_only_once_a_poll_said_so():
+    reg = Registry()
+    reg.upsert_proxy("p", "127.0.0.1:1", "m")
+    assert reg.proxies["p"].health == UNHEALTHY
+    router = Router(reg)
+    with pytest.raises(ServiceError) as exc:
+        router.route("m")
+    assert status_of(exc) == 503
+    report(reg, "p")
+    assert reg.proxies["p"].health == HEALTHY
+    assert router.route("m").proxy.proxy_id == "p"  # type: ignore[union-attr]

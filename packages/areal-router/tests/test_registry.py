@@ -16,6 +16,7 @@ from areal_router.registry import (
     EXTERNAL,
     HEALTHY,
     INTERNAL,
+    NOT_POLLED,
     UNHEALTHY,
     ModelState,
     Registry,
@@ -63,16 +64,18 @@ def test_proxy_registration_creates_an_implicit_model_that_register_model_takes_
 def test_reregistration_keeps_pins_unless_the_model_changes():
     reg = Registry()
     p, changed = reg.upsert_proxy("p", "127.0.0.1:1", "m")
-    assert changed
+    assert changed and p.health == UNHEALTHY and p.last_error == NOT_POLLED
     reg.pin(["s"], p)
-    reg.record_failure("p", "boom", unhealthy_after=1)
-    assert p.health == UNHEALTHY
+    reg.record_report(
+        "p", healthy=True, draining=False, inflight_requests=2, inflight_tokens=0, sessions=0
+    )
+    assert p.health == HEALTHY
     # Same address: nothing changes (labels may).
     _, changed = reg.upsert_proxy("p", "127.0.0.1:1", "m", labels={"rank": "0"})
-    assert not changed and p.health == UNHEALTHY and p.labels == {"rank": "0"}
-    # New address (a restarted proxy): health starts over, pins stay.
+    assert not changed and p.health == HEALTHY and p.labels == {"rank": "0"} and p.load == 2
+    # New address (a restarted proxy): health and load start over, pins stay.
     _, changed = reg.upsert_proxy("p", "127.0.0.1:2", "m")
-    assert changed and p.health == HEALTHY and reg.pins == {"s": "p"}
+    assert changed and p.health == UNHEALTHY and p.load == 0 and reg.pins == {"s": "p"}
     # Another model: the old pins belonged to the old model.
     q, changed = reg.upsert_proxy("p", "127.0.0.1:2", "other")
     assert changed and q.model == "other" and reg.pins == {}
@@ -82,10 +85,11 @@ def test_reregistration_keeps_pins_unless_the_model_changes():
 def test_health_transitions():
     reg = Registry()
     p, _ = reg.upsert_proxy("p", "127.0.0.1:1", "m")
+    kw = dict(inflight_requests=3, inflight_tokens=40, sessions=2)
+    assert reg.record_report("p", healthy=True, draining=False, **kw) == (UNHEALTHY, HEALTHY)
     assert reg.record_failure("p", "refused", unhealthy_after=2) == (HEALTHY, HEALTHY)
     assert reg.record_failure("p", "refused", unhealthy_after=2) == (HEALTHY, UNHEALTHY)
     assert p.last_error == "refused"
-    kw = dict(inflight_requests=3, inflight_tokens=40, sessions=2)
     assert reg.record_report("p", healthy=True, draining=False, **kw) == (UNHEALTHY, HEALTHY)
     assert (p.load, p.reported_tokens, p.failures, p.last_error) == (3, 40, 0, "")
     assert p.last_seen_unix_ms > 0

@@ -428,22 +428,33 @@ async def test_state_file_restores_registrations_and_pins(tmp_path):
         )
         await eventually(lambda: state.exists(), what="state file")
     finally:
-        fakes, h.fakes = h.fakes, []
-        await stop_router(h)
+        fakes = h.fakes
+        await stop_router(h)  # stops the fakes too
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o600
     saved = json.loads(state.read_text())
     assert saved["pins"] == {"s0": bound.proxy_id, "s1": bound.proxy_id}
 
+    # The bound proxy lives on (same port); the other one is gone for good.
+    by_id = {"m-0": fakes[0], "m-1": fakes[1]}
+    await by_id[bound.proxy_id].start(by_id[bound.proxy_id].port)
+    other = "m-1" if bound.proxy_id == "m-0" else "m-0"
     h = await start_router(settings)
     h.fakes = fakes
     try:
-        for fake in fakes:  # the proxies outlived the router; restart them on their ports
-            await fake.start(fake.port)
         models = (await h.stub.ListModels(router_pb2.ListModelsRequest())).models
         assert {m.name: list(m.proxy_ids) for m in models} == {"ext": [], "m": ["m-0", "m-1"]}
         assert next(m for m in models if m.name == "ext").api_key == "sk-k"
+        # Polled before the router said SERVING: no waiting needed here.
+        health = {
+            p.proxy_id: p.health
+            for p in (await h.stub.ListProxies(router_pb2.ListProxiesRequest())).proxies
+        }
+        assert health == {
+            bound.proxy_id: router_pb2.PROXY_HEALTH_HEALTHY,
+            other: router_pb2.PROXY_HEALTH_UNHEALTHY,
+        }
         assert await h.route("m", session_id="s1") == bound.proxy_id
-        await eventually(lambda: all(f.polls >= 1 for f in fakes), what="polls after restart")
+        assert {await h.route("m") for _ in range(3)} == {bound.proxy_id}
         released = await h.stub.ReleaseSession(router_pb2.ReleaseSessionRequest(session_ids=["s0"]))
         assert released.released == 1
     finally:

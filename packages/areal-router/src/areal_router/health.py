@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from areal_proto.service.errors import ServiceError
 from areal_router.proxy_client import ProxyClients
@@ -36,6 +36,8 @@ class HealthPoller:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopped = False
         self._background: set[asyncio.Task[None]] = set()
+        # Set once a watched proxy's first poll has an outcome.
+        self._first_poll: dict[str, asyncio.Event] = {}
 
     def watch(self, proxy_id: str) -> None:
         """Start polling `proxy_id` now (restart if already polled: it may have moved)."""
@@ -44,6 +46,7 @@ class HealthPoller:
         old = self._tasks.pop(proxy_id, None)
         if old is not None:
             old.cancel()
+        self._first_poll[proxy_id] = asyncio.Event()
         self._tasks[proxy_id] = asyncio.get_running_loop().create_task(
             self._loop(proxy_id), name=f"health-{proxy_id}"
         )
@@ -52,9 +55,22 @@ class HealthPoller:
         task = self._tasks.pop(proxy_id, None)
         if task is not None:
             task.cancel()
+        first = self._first_poll.pop(proxy_id, None)
+        if first is not None:
+            first.set()
         drop = asyncio.get_running_loop().create_task(self.clients.drop(proxy_id))
         self._background.add(drop)
         drop.add_done_callback(self._background.discard)
+
+    async def wait_first_poll(self, proxy_ids: Iterable[str], wait_s: float) -> None:
+        """Wait (at most `wait_s` seconds) until each proxy's first poll has an outcome."""
+        events = [e for e in (self._first_poll.get(pid) for pid in proxy_ids) if e is not None]
+        if not events:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                for e in events:
+                    await e.wait()
 
     @property
     def watched(self) -> set[str]:
@@ -108,6 +124,7 @@ class HealthPoller:
             log.warning("proxy %s: %s -> %s (%s)", proxy_id, old, new, why)
 
     async def _loop(self, proxy_id: str) -> None:
+        first = self._first_poll.get(proxy_id)
         while proxy_id in self.registry.proxies:
             try:
                 await self.poll_once(proxy_id)
@@ -115,6 +132,9 @@ class HealthPoller:
                 raise
             except Exception:  # a bug must not stop health checks for good
                 log.exception("proxy %s: poll failed unexpectedly", proxy_id)
+            if first is not None:
+                first.set()
+                first = None
             await asyncio.sleep(self.interval)
         if self._tasks.get(proxy_id) is asyncio.current_task():
             del self._tasks[proxy_id]

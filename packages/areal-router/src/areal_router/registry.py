@@ -33,6 +33,7 @@ INTERNAL: int = router_pb2.MODEL_KIND_INTERNAL
 EXTERNAL: int = router_pb2.MODEL_KIND_EXTERNAL
 
 STATE_FORMAT = 1
+NOT_POLLED = "not polled yet"
 
 
 @dataclass
@@ -79,11 +80,11 @@ class ProxyState:
     model: str
     kind: int = router_pb2.PROXY_KIND_INFERENCE
     labels: dict[str, str] = field(default_factory=dict)
-    # Health: optimistic until polls say otherwise (see README).
-    health: int = HEALTHY
+    # Routable only once a poll has said so (see README).
+    health: int = UNHEALTHY
     failures: int = 0
     last_seen_unix_ms: int = 0
-    last_error: str = ""
+    last_error: str = NOT_POLLED
     # Load as the proxy last reported it, plus what we routed since.
     reported_requests: int = 0
     reported_tokens: int = 0
@@ -234,9 +235,9 @@ class Registry:
             if changed:
                 # A new process: forget what we knew about the old one.
                 state.address = address
-                state.health = HEALTHY
+                state.health = UNHEALTHY
                 state.failures = 0
-                state.last_error = ""
+                state.last_error = NOT_POLLED
                 state.reported_requests = state.reported_tokens = state.reported_sessions = 0
                 state.routed_since_report = 0
         self.generation += 1

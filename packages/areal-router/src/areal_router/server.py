@@ -65,8 +65,12 @@ class RouterServer:
                 s.metrics_port, addr=s.host, registry=self.metrics.prom
             )
             self.metrics_port = self._metrics_http.server_port
-        for proxy_id in list(self.registry.proxies):
+        # Proxies restored from --state-file are routable once polled: poll them
+        # before saying SERVING (bounded by the poll timeout).
+        restored = list(self.registry.proxies)
+        for proxy_id in restored:
             self.poller.watch(proxy_id)
+        await self.poller.wait_first_poll(restored, s.health_timeout + 0.5)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(

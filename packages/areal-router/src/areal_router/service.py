@@ -66,7 +66,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     ) -> router_pb2.RegisterProxyResponse:
         p = request.proxy
 
-        def do() -> None:
+        def do() -> bool:
             state, moved = self.registry.upsert_proxy(
                 p.proxy_id, p.address, p.model, p.kind, dict(p.labels)
             )
@@ -75,8 +75,12 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                 self.poller.watch(state.proxy_id)
             self._changed()
             log.info("registered proxy %s at %s for model %s", p.proxy_id, p.address, p.model)
+            return moved
 
-        await self._call(context, do)
+        if await self._call(context, do):
+            # A proxy is routable once a poll says so: answer after that first poll
+            # (bounded), so a caller that registers and then routes finds it ready.
+            await self.poller.wait_first_poll([p.proxy_id], self.poller.timeout + 0.5)
         return router_pb2.RegisterProxyResponse()
 
     async def DeregisterProxy(
@@ -139,6 +143,8 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     ) -> router_pb2.RouteResponse:
         start = time.perf_counter()
         policy = request.policy or self.router.default_policy
+        if policy not in self.router.policies:
+            policy = "<invalid>"  # a label value per bad request would grow without bound
         model_label = request.model if request.model in self.registry.models else UNREGISTERED_MODEL
         try:
             decision = self.router.route(
