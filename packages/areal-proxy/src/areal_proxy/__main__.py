@@ -1,0 +1,33 @@
+"""`areal-proxy`: parse flags, then serve until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from areal_proto.service.logs import setup_logging
+from areal_proxy.settings import load_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = load_settings(argv)
+    log = setup_logging(settings.log_level, "areal-proxy")
+    # gRPC's own debug lines (one per RPC) drown ours.
+    logging.getLogger("grpc").setLevel(max(log.getEffectiveLevel(), logging.INFO))
+    if problems := settings.problems():
+        for p in problems:
+            log.error(p)
+        return 2
+    from areal_proxy.server import serve
+
+    try:
+        return asyncio.run(serve(settings))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The model's chat template, rendered in a sandboxed jinja2 environment (no transformers).
+
+`hf` renders the whole conversation each turn. `concat` continues the exact token sequence
+of a session's previous turn; without a session (sessions come later) it renders like `hf`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from areal_proxy.tokenizer import ModelTokenizer
+
+
+class TemplateError(Exception):
+    """The template refused the conversation (raise_exception) or failed to render."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # HF's tojson: json.dumps defaults (", ", ": "), non-ASCII kept, no HTML escaping.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """One compiled template; render() is cheap and reads no file."""
+
+    def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template does not compile: {e}") from e
+        self._base = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        ctx: dict[str, Any] = {**(extra or {}), **self._base}
+        ctx["messages"] = messages
+        ctx["tools"] = tools
+        ctx["add_generation_prompt"] = add_generation_prompt
+        try:
+            return self._template.render(ctx)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed: {e}") from e
+        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+            raise TemplateError(f"chat template failed on this conversation: {e!r}") from e
+
+
+class PromptBuilder:
+    """Messages -> prompt token ids, in the configured template style."""
+
+    def __init__(self, tok: ModelTokenizer, *, template_type: str = "hf") -> None:
+        if template_type not in ("hf", "concat"):
+            raise ValueError(f"unknown chat template type {template_type!r}")
+        if not tok.chat_template:
+            raise ValueError("the tokenizer folder has no chat template")
+        self.template_type = template_type
+        self._tok = tok
+        self._template = ChatTemplate(
+            tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
+        )
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        return self._template.render(messages, tools=tools, extra=extra)
+
+    def prompt_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+        *,
+        previous_ids: list[int] | None = None,
+        previous_messages: int = 0,
+    ) -> list[int]:
+        """Token ids of the prompt.
+
+        `concat` with a session's previous turn (`previous_ids`: its prompt + answer tokens,
+        covering the first `previous_messages` messages) appends only the new messages'
+        tokens, so the episode stays one token stream. Without a previous turn (or in
+        `hf`) the whole conversation is rendered.
+        """
+        if self.template_type == "concat" and previous_ids and 0 < previous_messages:
+            full = self.render(messages, tools, extra)
+            # The new messages rendered after the previous ones: the text the previous
+            # turn's rendering (without a generation prompt) does not cover.
+            head = self._template.render(
+                messages[:previous_messages], tools=tools, add_generation_prompt=False, extra=extra
+            )
+            if full.startswith(head):
+                return [*previous_ids, *self._tok.encode(full[len(head) :])]
+        return self._tok.encode(self.render(messages, tools, extra))

@@ -1,0 +1,286 @@
+"""The engine loop: one client request may take several engine attempts.
+
+Pause aborts in-flight generations at the engine; each aborted request then waits for
+Continue and is resubmitted with `prompt + tokens so far` and the remaining budget, so the
+client sees a slower answer, never an error or a truncation. Every output token is stamped
+with the weight version current when it was generated (`GenerationRecord.versions`).
+Nothing is ever retried after an engine error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+def new_rid() -> str:
+    return os.urandom(12).hex()
+
+
+@dataclass(slots=True)
+class GenerationRecord:
+    """Everything generated for one client request (what the RL recording layer persists)."""
+
+    rid: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: int | None = None
+    # Engine request id of the current attempt (abort targets it).
+    engine_rid: str = ""
+    attempts: int = 0
+    created: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.token_ids)
+
+    def add(
+        self,
+        ids: list[int],
+        lps: list[float],
+        tops: list[list[tuple[int, float]]],
+        version: int,
+    ) -> None:
+        if not ids:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.token_ids.extend(ids)
+        self.logprobs.extend(lps)
+        self.top_logprobs.extend(tops)
+        self.versions.extend([version] * len(ids))
+
+
+@dataclass(slots=True)
+class Step:
+    """Tokens that arrived together; finish_reason is set on the last step only."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str | None = None
+    matched_stop: int | None = None
+
+
+def _aligned(
+    ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], want_tops: bool
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """Keep only tokens that came with their logprobs (an aborted engine chunk may
+    carry an id without one; it is regenerated on resubmission)."""
+    n = min(len(ids), len(lps))
+    if want_tops:
+        n = min(n, len(tops))
+    return ids[:n], lps[:n], tops[:n] if want_tops else [[] for _ in range(n)]
+
+
+class GenerationController:
+    """Per proxy: weight version, pause state, in-flight requests, and the engine loop."""
+
+    def __init__(self, engine: EngineClient, *, version: int = 0) -> None:
+        self.engine = engine
+        self.version = version
+        self.total_requests = 0
+        self.inflight: dict[str, GenerationRecord] = {}
+        self._paused = False
+        self._running = asyncio.Event()
+        self._running.set()
+        self._pause_epoch = 0
+        self._pause_version = version
+        self._control = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        # Called once per finished request (metrics now; the RL recording layer later).
+        self.on_finish: Callable[[GenerationRecord], None] | None = None
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def inflight_tokens(self) -> int:
+        return sum(len(r.prompt_ids) + max(r.remaining, 0) for r in self.inflight.values())
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    # ---- control -----------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        async with self._control:
+            await self._pause()
+
+    async def resume(self) -> None:
+        async with self._control:
+            await self._resume()
+
+    async def update_weights(self, path: str, version: int = -1) -> int:
+        """Pause, load the weights, bump the version, continue (continue also on failure).
+
+        A proxy that was paused before stays paused: whoever paused it continues it.
+        """
+        update = getattr(self.engine, "update_weights_from_disk", None)
+        if update is None:
+            raise EngineError("this engine client cannot update weights from disk", status=409)
+        async with self._control:
+            was_paused = self._paused
+            await self._pause()
+            try:
+                new = self.version + 1 if version < 0 else version
+                await update(path, str(new))
+                self.version = new
+                log.info("weights updated from %s; version %d", path, new)
+            finally:
+                if not was_paused:
+                    await self._resume()
+            return self.version
+
+    async def _pause(self) -> None:
+        if self._paused:
+            return
+        self._paused = True
+        self._pause_epoch += 1
+        self._pause_version = self.version
+        self._running.clear()
+        try:
+            pause = getattr(self.engine, "pause", None)
+            if pause is not None:
+                await pause(mode="abort")
+            else:  # an engine without pause: abort our own requests one by one
+                await asyncio.gather(
+                    *(
+                        self.engine.abort(r.engine_rid)
+                        for r in self.inflight.values()
+                        if r.engine_rid
+                    )
+                )
+        except BaseException:
+            self._paused = False
+            self._running.set()
+            raise
+        log.info("generation paused (%d in flight)", len(self.inflight))
+
+    async def _resume(self) -> None:
+        if not self._paused:
+            return
+        resume = getattr(self.engine, "resume", None)
+        if resume is not None:
+            await resume()  # on failure the proxy stays paused, as the engine is
+        self._paused = False
+        self._running.set()
+        log.info("generation continued (%d waiting)", len(self.inflight))
+
+    # ---- generation --------------------------------------------------------------------
+
+    def start(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationRecord:
+        rec = GenerationRecord(new_rid(), prompt_ids, max_new_tokens)
+        self.inflight[rec.rid] = rec
+        self.total_requests += 1
+        return rec
+
+    def finish(self, rec: GenerationRecord) -> None:
+        """Forget the request; if the engine may still be generating it, abort it there."""
+        if self.inflight.pop(rec.rid, None) is None:
+            return
+        if rec.finish_reason is None and rec.engine_rid:
+            self.abort_later(rec.engine_rid)
+        if self.on_finish is not None:
+            self.on_finish(rec)
+
+    def abort_later(self, engine_rid: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort(engine_rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, engine_rid: str) -> None:
+        try:
+            await self.engine.abort(engine_rid)
+        except Exception as e:  # the request may already be gone; nothing to undo
+            log.warning("engine abort of %s failed: %s", engine_rid, e)
+
+    async def wait_background(self) -> None:
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def _attempt(self, rec: GenerationRecord, template: GenerationRequest) -> GenerationRequest:
+        rec.attempts += 1
+        rec.engine_rid = f"{rec.rid}-{rec.attempts}"
+        ids = rec.prompt_ids + rec.token_ids if rec.token_ids else rec.prompt_ids
+        return replace(template, input_ids=ids, max_new_tokens=rec.remaining, rid=rec.engine_rid)
+
+    def _by_pause(self, finish: str | None, epoch: int) -> bool:
+        return finish == "abort" and (self._paused or self._pause_epoch != epoch)
+
+    async def stream(
+        self, rec: GenerationRecord, template: GenerationRequest
+    ) -> AsyncGenerator[Step, None]:
+        """Steps as the engine produces tokens, across pause/resubmission."""
+        want_tops = template.top_logprobs > 0
+        while True:
+            await self._running.wait()
+            if rec.remaining <= 0:
+                rec.finish_reason = "length"
+                yield Step([], [], [], "length")
+                return
+            epoch = self._pause_epoch
+            req = self._attempt(rec, template)
+            resubmit = False
+            async with aclosing(self.engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
+                async for chunk in chunks:
+                    by_pause = self._by_pause(chunk.finish_reason, epoch)
+                    ids, lps, tops = chunk.token_ids, chunk.logprobs, chunk.top_logprobs
+                    if by_pause or len(lps) != len(ids) or (want_tops and len(tops) != len(ids)):
+                        ids, lps, tops = _aligned(ids, lps, tops, want_tops)
+                    elif not want_tops:
+                        tops = []
+                    version = self._pause_version if by_pause else self.version
+                    rec.add(ids, lps, tops, version)
+                    if by_pause:
+                        if ids:
+                            yield Step(ids, lps, tops)
+                        resubmit = True
+                        break
+                    if chunk.finish_reason is not None:
+                        rec.finish_reason = chunk.finish_reason
+                        rec.matched_stop = chunk.matched_stop
+                        yield Step(ids, lps, tops, chunk.finish_reason, chunk.matched_stop)
+                        return
+                    if ids:
+                        yield Step(ids, lps, tops)
+            if not resubmit:
+                raise EngineError("engine stream ended without a finish reason", status=502)
+            log.debug("request %s aborted by pause after %d tokens", rec.rid, len(rec.token_ids))
+
+    async def generate(self, rec: GenerationRecord, template: GenerationRequest) -> None:
+        """The whole generation into `rec` (one engine call unless a pause interrupts it)."""
+        want_tops = template.top_logprobs > 0
+        while True:
+            await self._running.wait()
+            if rec.remaining <= 0:
+                rec.finish_reason = "length"
+                return
+            epoch = self._pause_epoch
+            res = await self.engine.generate(self._attempt(rec, template))
+            by_pause = self._by_pause(res.finish_reason, epoch)
+            ids, lps, tops = _aligned(res.token_ids, res.logprobs, res.top_logprobs, want_tops)
+            rec.add(ids, lps, tops, self._pause_version if by_pause else self.version)
+            if not by_pause:
+                rec.finish_reason = res.finish_reason
+                rec.matched_stop = getattr(res, "matched_stop", None)
+                return

@@ -1,0 +1,391 @@
+"""One OpenAI request end to end, engine-neutral and gRPC-free: validate, build the prompt,
+generate (through GenerationController), and produce response bodies / stream chunks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from areal_proxy import openai_response as out
+from areal_proxy.chat_template import PromptBuilder, TemplateError
+from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.generation import GenerationController, GenerationRecord, Step
+from areal_proxy.openai_request import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    bad,
+    parse_chat,
+    parse_completion,
+)
+from areal_proxy.output_parsing import delta_dicts, make_output_parser
+from areal_proxy.stop_strings import StopChecker, truncate_at_stop
+from areal_proxy.tokenizer import ModelTokenizer
+
+# max_tokens when neither the request nor the model says how long an answer may be.
+FALLBACK_MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceConfig:
+    model: str
+    context_length: int = 0
+    engine_max_tokens: int = 0
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+
+
+@dataclass(slots=True)
+class TextStep:
+    """A generation step with the text the client may see for it."""
+
+    text: str
+    step: Step
+    finish_reason: str | None
+
+
+class InferenceHandler:
+    def __init__(
+        self,
+        config: InferenceConfig,
+        tok: ModelTokenizer,
+        prompts: PromptBuilder | None,
+        controller: GenerationController,
+    ) -> None:
+        self.config = config
+        self.tok = tok
+        self.prompts = prompts
+        self.controller = controller
+        self.context_length = config.context_length or tok.context_length
+
+    # ---- request preparation -----------------------------------------------------------
+
+    def _budget(self, prompt_len: int, requested: int | None, param: str) -> int:
+        ctx = self.context_length
+        if ctx and prompt_len >= ctx:
+            raise bad(
+                f"the prompt is {prompt_len} tokens; this model's context length is {ctx}",
+                param,
+                "context_length_exceeded",
+            )
+        budget = (
+            requested
+            if requested is not None
+            else (ctx - prompt_len if ctx else FALLBACK_MAX_TOKENS)
+        )
+        if self.config.engine_max_tokens > 0:
+            budget = min(budget, self.config.engine_max_tokens)
+        if ctx:
+            budget = min(budget, ctx - prompt_len)
+        return budget
+
+    def _template(self, s: Sampling, top_logprobs: int) -> GenerationRequest:
+        stop_ids = list(s.stop_token_ids)
+        if not s.ignore_eos:
+            stop_ids.extend(t for t in self.tok.eos_token_ids if t not in stop_ids)
+        return GenerationRequest(
+            input_ids=[],
+            max_new_tokens=0,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            stop_token_ids=stop_ids,
+            ignore_eos=s.ignore_eos,
+            seed=s.seed,
+            top_logprobs=top_logprobs,
+            extra=s.extra,
+        )
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        if self.prompts is None:
+            raise bad("this model has no chat template; use /v1/completions", "messages")
+        try:
+            return self.prompts.prompt_ids(req.messages, req.tools, req.template_kwargs)
+        except TemplateError as e:
+            raise bad(str(e), "messages", "chat_template_error") from None
+
+    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+        if req.prompt_ids is not None:
+            return req.prompt_ids
+        ids = self.tok.encode(req.prompt_text or "", add_special_tokens=True)
+        if not ids:
+            raise bad("'prompt' encodes to no tokens", "prompt")
+        return ids
+
+    def _visible_ids(self, ids: list[int], finish: str | None, stop_ids: list[int]) -> list[int]:
+        """Output ids whose text the client sees: without the stop token that ended them."""
+        if finish == "stop" and ids and ids[-1] in stop_ids:
+            return ids[:-1]
+        return ids
+
+    # ---- streaming text ----------------------------------------------------------------
+
+    async def _text_steps(
+        self, rec: GenerationRecord, template: GenerationRequest, s: Sampling
+    ) -> AsyncGenerator[TextStep, None]:
+        detok = self.tok.detokenizer(skip_special_tokens=s.skip_special_tokens)
+        stopper = StopChecker(s.stop) if s.stop else None
+        stop_ids = template.stop_token_ids
+        async with aclosing(self.controller.stream(rec, template)) as steps:
+            async for step in steps:
+                finish = step.finish_reason
+                ids = self._visible_ids(step.token_ids, finish, stop_ids)
+                text = detok.feed(ids) if ids else ""
+                if finish is not None:
+                    text += detok.flush()
+                if stopper is not None:
+                    text, hit = stopper.feed(text)
+                    if hit:
+                        if rec.finish_reason is None:
+                            self.controller.abort_later(rec.engine_rid)
+                        rec.finish_reason = finish = "stop"
+                    elif finish is not None:
+                        text += stopper.flush()
+                yield TextStep(text, step, finish)
+                if finish is not None:
+                    return
+
+    def _final_text(
+        self, rec: GenerationRecord, template: GenerationRequest, s: Sampling
+    ) -> tuple[str, str]:
+        finish = rec.finish_reason or "abort"
+        ids = self._visible_ids(rec.token_ids, finish, template.stop_token_ids)
+        text = self.tok.decode(ids, skip_special_tokens=s.skip_special_tokens)
+        if s.stop:
+            text, hit = truncate_at_stop(text, s.stop)
+            if hit:
+                finish = "stop"
+        return text, finish
+
+    # ---- chat --------------------------------------------------------------------------
+
+    async def chat(self, body: bytes) -> tuple[bytes, GenerationRecord]:
+        req = parse_chat(body)
+        prompt = self.chat_prompt(req)
+        template = self._template(req.sampling, req.top_logprobs)
+        rec = self.controller.start(
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+        )
+        try:
+            await self.controller.generate(rec, template)
+        finally:
+            self.controller.finish(rec)
+        text, finish = self._final_text(rec, template, req.sampling)
+        content: str | None = text
+        reasoning: str | None = None
+        calls: list[dict[str, Any]] | None = None
+        parser = make_output_parser(
+            self.config.tool_call_parser if req.parse_tools else "",
+            self.config.reasoning_parser,
+            req.tools,
+        )
+        if parser is not None:
+            parsed = parser.parse(text)
+            content, reasoning = parsed.content, parsed.reasoning_content
+            calls = [out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls] or None
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        lp = (
+            out.chat_logprobs(self.tok, rec.token_ids, rec.logprobs, rec.top_logprobs)
+            if req.logprobs
+            else None
+        )
+        body_out = out.chat_completion(
+            rid=out.response_id("chatcmpl"),
+            created=int(time.time()),
+            model=self.config.model,
+            content=content,
+            reasoning_content=reasoning,
+            tool_calls=calls,
+            finish_reason=finish,
+            logprobs=lp,
+            usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+        )
+        return orjson.dumps(body_out), rec
+
+    async def chat_stream(self, body: bytes) -> AsyncGenerator[bytes, None]:
+        req = parse_chat(body)
+        prompt = self.chat_prompt(req)
+        template = self._template(req.sampling, req.top_logprobs)
+        rec = self.controller.start(
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+        )
+        parser = make_output_parser(
+            self.config.tool_call_parser if req.parse_tools else "",
+            self.config.reasoning_parser,
+            req.tools,
+        )
+        streamer = parser.streamer() if parser is not None else None
+        rid, created, model = out.response_id("chatcmpl"), int(time.time()), self.config.model
+        usage_field = req.include_usage
+        first = True
+        try:
+            async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
+                async for ts in steps:
+                    if streamer is not None:
+                        raw = streamer.feed(ts.text) if ts.text else []
+                        if ts.finish_reason is not None:
+                            raw.extend(streamer.finish())
+                        deltas = delta_dicts(raw)
+                    else:
+                        deltas = [{"content": ts.text}] if ts.text else []
+                    ids = ts.step.token_ids
+                    lp = (
+                        out.chat_logprobs(self.tok, ids, ts.step.logprobs, ts.step.top_logprobs)
+                        if req.logprobs and ids
+                        else None
+                    )
+                    if first:
+                        first = False
+                        if deltas:
+                            deltas[0] = {"role": "assistant", **deltas[0]}
+                        else:
+                            deltas = [{"role": "assistant", "content": ""}]
+                    elif not deltas and lp is not None:
+                        deltas = [{"content": ""}]
+                    for i, delta in enumerate(deltas):
+                        yield orjson.dumps(
+                            out.chat_chunk(
+                                rid=rid,
+                                created=created,
+                                model=model,
+                                delta=delta,
+                                logprobs=lp if i == 0 else None,
+                                with_usage_field=usage_field,
+                            )
+                        )
+                    if ts.finish_reason is not None:
+                        finish = ts.finish_reason
+                        if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
+                            finish = "tool_calls"
+                        yield orjson.dumps(
+                            out.chat_chunk(
+                                rid=rid,
+                                created=created,
+                                model=model,
+                                delta={},
+                                finish_reason=finish,
+                                with_usage_field=usage_field,
+                            )
+                        )
+            if req.include_usage:
+                yield orjson.dumps(
+                    out.usage_chunk(
+                        rid=rid,
+                        created=created,
+                        model=model,
+                        obj="chat.completion.chunk",
+                        usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+                    )
+                )
+        finally:
+            self.controller.finish(rec)
+
+    # ---- completions -------------------------------------------------------------------
+
+    def _echo_text(self, req: CompletionRequest, prompt: list[int]) -> str:
+        if not req.echo:
+            return ""
+        if req.prompt_text is not None:
+            return req.prompt_text
+        return self.tok.decode(prompt, skip_special_tokens=req.sampling.skip_special_tokens)
+
+    async def completion(self, body: bytes) -> tuple[bytes, GenerationRecord]:
+        req = parse_completion(body, vocab_size=self.tok.vocab_size)
+        prompt = self.completion_prompt(req)
+        top = req.logprobs or 0
+        template = self._template(req.sampling, top)
+        rec = self.controller.start(
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+        )
+        try:
+            await self.controller.generate(rec, template)
+        finally:
+            self.controller.finish(rec)
+        text, finish = self._final_text(rec, template, req.sampling)
+        echo = self._echo_text(req, prompt)
+        lp = (
+            out.completion_logprobs(
+                self.tok,
+                rec.token_ids,
+                rec.logprobs,
+                rec.top_logprobs,
+                with_top=top > 0,
+                offset=len(echo),
+            )
+            if req.logprobs is not None
+            else None
+        )
+        body_out = out.completion(
+            rid=out.response_id("cmpl"),
+            created=int(time.time()),
+            model=self.config.model,
+            text=echo + text,
+            finish_reason=finish,
+            logprobs=lp,
+            usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+        )
+        return orjson.dumps(body_out), rec
+
+    async def completion_stream(self, body: bytes) -> AsyncGenerator[bytes, None]:
+        req = parse_completion(body, vocab_size=self.tok.vocab_size)
+        prompt = self.completion_prompt(req)
+        top = req.logprobs or 0
+        template = self._template(req.sampling, top)
+        rec = self.controller.start(
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+        )
+        rid, created, model = out.response_id("cmpl"), int(time.time()), self.config.model
+        pending = self._echo_text(req, prompt)
+        offset = len(pending)
+        usage_field = req.include_usage
+        try:
+            async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
+                async for ts in steps:
+                    ids = ts.step.token_ids
+                    lp = None
+                    if req.logprobs is not None and ids:
+                        lp = out.completion_logprobs(
+                            self.tok,
+                            ids,
+                            ts.step.logprobs,
+                            ts.step.top_logprobs,
+                            with_top=top > 0,
+                            offset=offset,
+                        )
+                        offset += sum(len(t) for t in lp["tokens"])
+                    text = pending + ts.text
+                    pending = ""
+                    if text or lp is not None or ts.finish_reason is not None:
+                        yield orjson.dumps(
+                            out.completion_chunk(
+                                rid=rid,
+                                created=created,
+                                model=model,
+                                text=text,
+                                finish_reason=ts.finish_reason,
+                                logprobs=lp,
+                                with_usage_field=usage_field,
+                            )
+                        )
+            if req.include_usage:
+                yield orjson.dumps(
+                    out.usage_chunk(
+                        rid=rid,
+                        created=created,
+                        model=model,
+                        obj="text_completion",
+                        usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+                    )
+                )
+        finally:
+            self.controller.finish(rec)

@@ -1,0 +1,78 @@
+"""Prometheus metrics of one proxy, served on --metrics-port (/metrics)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "areal_proxy_requests_total",
+            "RPCs by method and outcome",
+            ["rpc", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "areal_proxy_request_seconds",
+            "RPC latency",
+            ["rpc"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "areal_proxy_time_to_first_token_seconds",
+            "time from request to the first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "areal_proxy_inflight_requests", "generation RPCs in flight", registry=r
+        )
+        self.prompt_tokens = Counter("areal_proxy_prompt_tokens_total", "prompt tokens", registry=r)
+        self.completion_tokens = Counter(
+            "areal_proxy_completion_tokens_total", "generated tokens", registry=r
+        )
+        self.engine_errors = Counter(
+            "areal_proxy_engine_errors_total", "engine failures by kind", ["kind"], registry=r
+        )
+        self.resubmits = Counter(
+            "areal_proxy_resubmits_total", "engine attempts resubmitted after a pause", registry=r
+        )
+        self.version = Gauge("areal_proxy_weight_version", "current weight version", registry=r)
+        self.paused = Gauge("areal_proxy_paused", "1 while generation is paused", registry=r)
+        self.engine_healthy = Gauge(
+            "areal_proxy_engine_healthy", "1 when the engine is healthy", registry=r
+        )
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def observe_generation(
+        self, prompt: int, completion: int, ttft: float | None, attempts: int
+    ) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.completion_tokens.inc(completion)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if attempts > 1:
+            self.resubmits.inc(attempts - 1)
+
+    def start(self, host: str, port: int) -> int:
+        """Serve /metrics; returns the bound port (-1 = off)."""
+        if port < 0:
+            return -1
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,191 @@
+"""Build the proxy (create_server) and run it until SIGTERM/SIGINT (serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from areal_proto.service.auth import server_interceptors
+from areal_proto.service.ready import write_ready_file
+from areal_proxy import __version__
+from areal_proxy.chat_template import PromptBuilder
+from areal_proxy.engine import make_engine_client
+from areal_proxy.engine.base import EngineClient
+from areal_proxy.generation import GenerationController
+from areal_proxy.inference import InferenceConfig, InferenceHandler
+from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.output_parsing import check_parsers
+from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
+from areal_proxy.settings import Settings
+from areal_proxy.tokenizer import ModelTokenizer
+
+log = logging.getLogger("areal_proxy")
+
+_MAX_MESSAGE = 64 * 1024 * 1024
+_SERVICE_NAME = "areal.proxy.v1.ProxyService"
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class ProxyServer:
+    """One proxy: tokenizer, engine client, controller, gRPC server, health, metrics."""
+
+    def __init__(self, settings: Settings, engine: EngineClient | None = None) -> None:
+        self.settings = settings
+        check_parsers(settings.tool_call_parser, settings.reasoning_parser)
+        self.tokenizer = ModelTokenizer.from_dir(settings.tokenizer_path)
+        prompts = (
+            PromptBuilder(self.tokenizer, template_type=settings.chat_template_type)
+            if self.tokenizer.chat_template
+            else None
+        )
+        if prompts is None:
+            log.warning(
+                "no chat template in %s: chat requests will be refused", settings.tokenizer_path
+            )
+        self.engine = engine or make_engine_client(
+            settings.engine, settings.engine_url, settings.request_timeout
+        )
+        self.controller = GenerationController(self.engine)
+        self.metrics = ProxyMetrics()
+        self.state = ProxyState(
+            model=settings.model, engine_url=settings.engine_url, proxy_id=settings.proxy_id
+        )
+        handler = InferenceHandler(
+            InferenceConfig(
+                model=settings.model,
+                context_length=settings.context_length,
+                engine_max_tokens=settings.engine_max_tokens,
+                tool_call_parser=settings.tool_call_parser,
+                reasoning_parser=settings.reasoning_parser,
+            ),
+            self.tokenizer,
+            prompts,
+            self.controller,
+        )
+        self.servicer = ProxyServicer(  # type: ignore[abstract]
+            handler=handler,
+            controller=self.controller,
+            metrics=self.metrics,
+            state=self.state,
+            request_timeout=settings.request_timeout,
+        )
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(
+            interceptors=server_interceptors(),
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ],
+        )
+        add_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = 0
+        self.metrics_port = -1
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        s = self.settings
+        self.port = self.server.add_insecure_port(_bind_address(s.host, s.port))
+        if not self.port:
+            raise OSError(f"cannot listen on {s.host}:{s.port}")
+        await self.server.start()
+        self.metrics_port = self.metrics.start(s.host, s.metrics_port)
+        await self._check_engine()
+        self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+        for name in ("", _SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "listening on %s:%d (metrics %d), engine %s %s, model %s",
+            s.host,
+            self.port,
+            self.metrics_port,
+            s.engine,
+            s.engine_url,
+            s.model,
+        )
+        return self.port
+
+    async def _check_engine(self) -> None:
+        ok = await self.engine.health()
+        if ok != self.state.engine_healthy:
+            log.log(
+                logging.INFO if ok else logging.WARNING,
+                "engine %s",
+                "healthy" if ok else "unhealthy",
+            )
+        self.state.engine_healthy = ok
+        self.state.engine_detail = (
+            "" if ok else f"engine at {self.settings.engine_url} failed its health check"
+        )
+        self.metrics.engine_healthy.set(1 if ok else 0)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.engine_health_interval)
+            try:
+                await self._check_engine()
+            except Exception as e:  # never let the poller die
+                log.warning("engine health check raised: %r", e)
+                self.state.engine_healthy = False
+
+    async def shutdown(self) -> None:
+        """Ordered: stop taking work, drain, stop serving, close the engine client."""
+        s = self.settings
+        # 1. New generation requests get 503; health and GetStats say draining.
+        self.state.draining = True
+        await self.health.enter_graceful_shutdown()
+        log.info("draining %d request(s) for up to %gs", self.servicer.active, s.drain_timeout)
+        # 2. Let in-flight requests finish.
+        if not await self.servicer.wait_idle(s.drain_timeout):
+            log.warning(
+                "%d request(s) still running after the drain timeout: cancelled",
+                self.servicer.active,
+            )
+        # 3. Stop the server; calls still running are cancelled (their engine requests aborted).
+        await self.server.stop(grace=1.0)
+        # 4. Background work: the health poller, engine aborts still on their way.
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.controller.wait_background(), 5.0)
+        # 5. Close the engine client, then the metrics endpoint.
+        await self.engine.close()
+        self.metrics.stop()
+        log.info("stopped")
+
+
+def create_server(settings: Settings, engine: EngineClient | None = None) -> ProxyServer:
+    return ProxyServer(settings, engine)
+
+
+async def serve(settings: Settings) -> int:
+    server = create_server(settings)
+    await server.start()
+    write_ready_file(
+        settings.ready_file,
+        host=settings.host,
+        port=server.port,
+        version=__version__,
+        metrics_port=server.metrics_port,
+        proxy_id=settings.proxy_id,
+        model=settings.model,
+        engine_url=settings.engine_url,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("signal received: shutting down")
+    await server.shutdown()
+    return 0

@@ -1,0 +1,318 @@
+"""The gRPC ProxyService (inference mode): OpenAI chat/completions, whole and streamed, and
+generation control. Deadlines, cancellation, errors and metrics live here; what a request
+means lives in inference.py and generation.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proto.service.errors import ServiceError, abort
+from areal_proxy.engine.base import EngineError
+from areal_proxy.generation import GenerationController, GenerationRecord
+from areal_proxy.inference import InferenceHandler
+from areal_proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+# Our own deadline fires this much before the gRPC one, so the caller gets a 504 with an
+# error detail (and the engine request is aborted) rather than a bare transport timeout.
+_DEADLINE_MARGIN_S = 0.02
+
+
+@dataclass
+class ProxyState:
+    model: str
+    engine_url: str
+    proxy_id: str = ""
+    engine_healthy: bool = False
+    engine_detail: str = "engine not checked yet"
+    draining: bool = False
+
+
+def _service_error(exc: BaseException) -> ServiceError:
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ServiceError(
+            504, "generation did not finish before the request deadline", code="deadline_exceeded"
+        )
+    if isinstance(exc, EngineError):
+        return ServiceError(
+            exc.status,
+            str(exc),
+            type="api_error" if exc.status >= 500 else None,
+            code="engine_unavailable" if exc.status == 503 else "engine_error",
+        )
+    log.exception("internal error", exc_info=exc)
+    return ServiceError(500, f"internal proxy error: {type(exc).__name__}: {exc}", type="api_error")
+
+
+class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
+    def __init__(
+        self,
+        *,
+        handler: InferenceHandler,
+        controller: GenerationController,
+        metrics: ProxyMetrics,
+        state: ProxyState,
+        request_timeout: float,
+    ) -> None:
+        self.handler = handler
+        self.controller = controller
+        self.metrics = metrics
+        self.state = state
+        self.request_timeout = request_timeout
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._rpc_children: dict[tuple[str, str], Any] = {}
+        controller.on_finish = self._on_generation_finished
+
+    # ---- bookkeeping -------------------------------------------------------------------
+
+    def _on_generation_finished(self, rec: GenerationRecord) -> None:
+        ttft = rec.first_token_at - rec.created if rec.first_token_at is not None else None
+        self.metrics.observe_generation(len(rec.prompt_ids), len(rec.token_ids), ttft, rec.attempts)
+
+    def _count(self, rpc: str, status: str) -> None:
+        key = (rpc, status)
+        child = self._rpc_children.get(key)
+        if child is None:
+            child = self._rpc_children[key] = self.metrics.requests.labels(rpc, status)
+        child.inc()
+
+    def _enter(self) -> None:
+        if self.state.draining:
+            raise ServiceError(
+                503, "this proxy is draining; send the request elsewhere", code="draining"
+            )
+        self._active += 1
+        self._idle.clear()
+        self.metrics.inflight.inc()
+
+    def _exit(self, rpc: str, started: float) -> None:
+        self._active -= 1
+        self.metrics.inflight.dec()
+        self.metrics.latency.labels(rpc).observe(time.perf_counter() - started)
+        if self._active == 0:
+            self._idle.set()
+
+    async def wait_idle(self, grace: float) -> bool:
+        """Wait until no generation RPC is running; False if the timeout came first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+            return True
+        except TimeoutError:
+            return False
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def _deadline(self, request: envelope_pb2.OpenAIRequest, context: Any) -> float:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + self.request_timeout
+        remaining = context.time_remaining()
+        if remaining is not None:
+            deadline = min(deadline, now + remaining - _DEADLINE_MARGIN_S)
+        env_ms = request.envelope.deadline_unix_ms if request.HasField("envelope") else 0
+        if env_ms:
+            deadline = min(deadline, now + (env_ms / 1000.0 - time.time()))
+        return deadline
+
+    async def _unary(
+        self,
+        rpc: str,
+        request: envelope_pb2.OpenAIRequest,
+        context: Any,
+        fn: Callable[[bytes], Awaitable[tuple[bytes, GenerationRecord]]],
+    ) -> envelope_pb2.OpenAIResponse:
+        started = time.perf_counter()
+        try:
+            self._enter()
+        except ServiceError as e:
+            self._count(rpc, str(e.http_status))
+            await abort(context, e)
+        err: ServiceError
+        try:
+            try:
+                async with asyncio.timeout_at(self._deadline(request, context)):
+                    body, _ = await fn(request.body)
+                self._count(rpc, "200")
+                return envelope_pb2.OpenAIResponse(body=body)
+            except asyncio.CancelledError:
+                self._count(rpc, "499")
+                raise
+            except Exception as e:
+                err = _service_error(e)
+        finally:
+            self._exit(rpc, started)
+        self._fail(rpc, request, err)
+        await abort(context, err)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _stream(
+        self,
+        rpc: str,
+        request: envelope_pb2.OpenAIRequest,
+        context: Any,
+        gen: Callable[[bytes], AsyncGenerator[bytes, None]],
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            self._enter()
+        except ServiceError as e:
+            self._count(rpc, str(e.http_status))
+            await abort(context, e)
+        err: ServiceError
+        try:
+            try:
+                async with asyncio.timeout_at(self._deadline(request, context)):
+                    async with aclosing(gen(request.body)) as chunks:
+                        async for data in chunks:
+                            await context.write(envelope_pb2.StreamChunk(data=data))
+                self._count(rpc, "200")
+                return
+            except asyncio.CancelledError:
+                self._count(rpc, "499")
+                raise
+            except Exception as e:
+                err = _service_error(e)
+        finally:
+            self._exit(rpc, started)
+        self._fail(rpc, request, err)
+        await abort(context, err)
+
+    def _fail(self, rpc: str, request: envelope_pb2.OpenAIRequest, err: ServiceError) -> None:
+        self._count(rpc, str(err.http_status))
+        if err.http_status >= 500:
+            self.metrics.engine_errors.labels(err.code or "error").inc()
+            log.warning(
+                "%s request %s failed: %d %s",
+                rpc,
+                request.envelope.request_id or "-",
+                err.http_status,
+                err.message,
+            )
+        else:
+            log.debug(
+                "%s request %s rejected: %s", rpc, request.envelope.request_id or "-", err.message
+            )
+
+    # ---- inference ---------------------------------------------------------------------
+
+    async def ChatCompletion(self, request: Any, context: Any) -> envelope_pb2.OpenAIResponse:
+        return await self._unary("ChatCompletion", request, context, self.handler.chat)
+
+    async def ChatCompletionStream(self, request: Any, context: Any) -> None:  # type: ignore[override]
+        await self._stream("ChatCompletionStream", request, context, self.handler.chat_stream)
+
+    async def Completion(self, request: Any, context: Any) -> envelope_pb2.OpenAIResponse:
+        return await self._unary("Completion", request, context, self.handler.completion)
+
+    async def CompletionStream(self, request: Any, context: Any) -> None:  # type: ignore[override]
+        await self._stream("CompletionStream", request, context, self.handler.completion_stream)
+
+    # ---- control -----------------------------------------------------------------------
+
+    def _control_response(self, message: str) -> proxy_pb2.ControlResponse:
+        self.metrics.version.set(self.controller.version)
+        self.metrics.paused.set(1 if self.controller.paused else 0)
+        return proxy_pb2.ControlResponse(
+            paused=self.controller.paused, version=self.controller.version, message=message
+        )
+
+    async def _control(
+        self, rpc: str, context: Any, action: Callable[[], Awaitable[str]]
+    ) -> proxy_pb2.ControlResponse:
+        try:
+            message = await action()
+        except Exception as e:
+            err = _service_error(e)
+            self._count(rpc, str(err.http_status))
+            log.warning("%s failed: %s", rpc, err.message)
+            await abort(context, err)
+        self._count(rpc, "200")
+        return self._control_response(message)
+
+    async def Pause(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
+        async def act() -> str:
+            await self.controller.pause()
+            return "generation paused"
+
+        return await self._control("Pause", context, act)
+
+    async def Continue(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
+        async def act() -> str:
+            await self.controller.resume()
+            return "generation continued"
+
+        return await self._control("Continue", context, act)
+
+    async def SetVersion(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
+        async def act() -> str:
+            if request.version < 0:
+                raise ServiceError(400, "version must be >= 0", param="version")
+            self.controller.set_version(int(request.version))
+            return f"version set to {request.version}"
+
+        return await self._control("SetVersion", context, act)
+
+    async def UpdateWeights(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
+        async def act() -> str:
+            if not request.path:
+                raise ServiceError(400, "path is required", param="path")
+            if request.version < -1:
+                raise ServiceError(
+                    400, "version must be >= 0, or -1 for current + 1", param="version"
+                )
+            version = await self.controller.update_weights(request.path, int(request.version))
+            return f"weights loaded from {request.path}; version {version}"
+
+        return await self._control("UpdateWeights", context, act)
+
+    async def GetStats(self, request: Any, context: Any) -> proxy_pb2.ProxyStats:
+        st = self.state
+        detail = "draining" if st.draining else ("" if st.engine_healthy else st.engine_detail)
+        return proxy_pb2.ProxyStats(
+            healthy=st.engine_healthy,
+            draining=st.draining,
+            paused=self.controller.paused,
+            version=self.controller.version,
+            inflight_requests=len(self.controller.inflight),
+            inflight_tokens=self.controller.inflight_tokens,
+            sessions=0,
+            model=st.model,
+            engine_url=st.engine_url,
+            detail=detail,
+            total_requests=self.controller.total_requests,
+        )
+
+
+def _unimplemented(name: str) -> Callable[..., Awaitable[None]]:
+    async def handler(request: Any, context: Any) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"{name} is not available on this proxy (inference mode)"
+        )
+
+    return handler
+
+
+def add_to_server(servicer: ProxyServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer; RPCs this mode does not serve answer UNIMPLEMENTED (async)."""
+    base = proxy_pb2_grpc.ProxyServiceServicer
+    for name in dir(base):
+        if name[:1].isupper() and getattr(type(servicer), name) is getattr(base, name):
+            setattr(servicer, name, _unimplemented(name))
+    proxy_pb2_grpc.add_ProxyServiceServicer_to_server(servicer, server)

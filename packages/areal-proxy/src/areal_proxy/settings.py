@@ -1,0 +1,75 @@
+"""Every areal-proxy flag, each default once (docs/services.md, "Flags per binary")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from areal_proto.service.settings import parse_settings
+from areal_proxy import __version__
+
+ENV_PREFIX = "AREAL_PROXY_"
+
+
+@dataclass
+class Settings:
+    # Common to every areal service.
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "gRPC port; 0 = the OS picks"})
+    log_level: str = field(
+        default="info", metadata={"choices": ["debug", "info", "warning", "error"]}
+    )
+    ready_file: str = field(default="", metadata={"help": "write host/port here once listening"})
+    metrics_port: int = field(
+        default=0, metadata={"help": "Prometheus /metrics port; 0 = the OS picks, -1 = off"}
+    )
+    # The engine replica this proxy sits in front of.
+    engine_url: str = field(default="", metadata={"help": "base URL of the engine replica"})
+    engine: str = field(default="sglang", metadata={"choices": ["sglang", "vllm"]})
+    model: str = field(default="", metadata={"help": "served model name"})
+    tokenizer_path: str = field(
+        default="", metadata={"help": "folder with tokenizer.json + tokenizer_config.json"}
+    )
+    proxy_id: str = field(default="", metadata={"help": "stable id reported in stats"})
+    chat_template_type: str = field(default="hf", metadata={"choices": ["hf", "concat"]})
+    request_timeout: float = field(default=3600.0, metadata={"help": "seconds for one engine call"})
+    set_reward_finish_timeout: float = field(
+        default=0.0, metadata={"help": "seconds a trajectory stays open after a reward"}
+    )
+    tool_call_parser: str = field(default="", metadata={"help": "e.g. hermes, qwen25, llama3"})
+    reasoning_parser: str = field(default="", metadata={"help": "e.g. qwen3, deepseek-r1"})
+    engine_max_tokens: int = field(
+        default=0, metadata={"help": "cap on max_tokens (0 = context length only)"}
+    )
+    context_length: int = field(
+        default=0, metadata={"help": "0 = max_position_embeddings from the model config"}
+    )
+    drain_timeout: float = field(
+        default=10.0, metadata={"help": "seconds to finish in-flight work on SIGTERM"}
+    )
+    engine_health_interval: float = field(
+        default=2.0, metadata={"help": "seconds between background engine health checks"}
+    )
+
+    def problems(self) -> list[str]:
+        """What is missing for inference mode (empty when the settings are usable)."""
+        out = []
+        for name in ("engine_url", "model", "tokenizer_path"):
+            if not getattr(self, name):
+                out.append(f"--{name.replace('_', '-')} is required")
+        if self.engine_max_tokens < 0:
+            out.append("--engine-max-tokens must be >= 0")
+        if self.context_length < 0:
+            out.append("--context-length must be >= 0")
+        return out
+
+
+def load_settings(argv: Sequence[str] | None = None) -> Settings:
+    return parse_settings(
+        Settings,
+        argv,
+        prog="areal-proxy",
+        env_prefix=ENV_PREFIX,
+        version=__version__,
+        description="areal data proxy in front of one engine replica (gRPC ProxyService).",
+    )
