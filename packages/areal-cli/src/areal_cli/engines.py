@@ -26,7 +26,7 @@ SGLANG_CPU_ARGS = (
     "--device cpu --attention-backend torch_native --mem-fraction-static 0.05 "
     "--max-total-tokens 4096 --disable-overlap-schedule"
 )
-VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 512"
+VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 2048"
 
 
 def engines_dir() -> Path:

@@ -17,8 +17,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,6 +157,9 @@ def read_ready_file(path: Path) -> dict | None:
 
 
 def http_ok(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> bool:
+    import urllib.error  # lazily: keeps `areal --help` fast
+    import urllib.request
+
     req = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -226,11 +227,32 @@ def group_alive(comp: Component) -> bool:
     if comp.pgid <= 0 or proc_start_time(comp.pgid) is not None:
         # The leader pid belongs to another process now: not our group.
         return False
+    return _live_group_member(comp.pgid)
+
+
+def _live_group_member(pgid: int) -> bool:
+    """Whether a process of group `pgid` is alive (zombies waiting for a reaper are not)."""
     try:
-        os.killpg(comp.pgid, 0)
+        os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        # rest[0] = state, rest[2] = process group
+        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
+            return True
+    return False
 
 
 def terminate(

@@ -1,0 +1,1 @@
+"""`areal agent`: the local agent service (lifecycle commands shared with `areal inf`)."""

@@ -1,0 +1,1 @@
+"""`areal inf`: the local inference service."""

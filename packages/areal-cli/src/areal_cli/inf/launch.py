@@ -1,0 +1,717 @@
+"""`areal inf run`, `register`, `deregister`: assemble and change an inference service.
+
+Assembly (docs/services.md): router -> gateway (--router-addr) -> per replica an
+engine, then its data proxy (--engine-url) once the engine is healthy -> register
+the proxies with the gateway admin API. Every process shares one random
+AREAL_INTERNAL_TOKEN; the gateway also gets AREAL_ADMIN_API_KEY; both only via
+the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_cli import backend as bk
+from areal_cli import engines, supervisor
+from areal_cli import state as st
+from areal_cli.config import Config
+from areal_cli.errors import CLIError
+from areal_cli.http import call, error_message, gateway_healthy
+from areal_cli.launcher import (
+    Launcher,
+    check_log_level,
+    http_url,
+    monitor_foreground,
+    progress,
+    resolve_binary,
+    self_identity,
+    stop_signals,
+)
+from areal_cli.supervisor import Component, LaunchError
+
+GROUP = "inf"
+ROUTING_STRATEGIES = (
+    "round_robin",
+    "least_loaded",
+    "power_of_two",
+    "session_affinity",
+    "cache_aware",
+)
+DEFAULT_PORT = 8080
+DEFAULT_LAUNCH_TIMEOUT = 30.0
+DEFAULT_MODEL_HEALTH_TIMEOUT = 600.0
+
+
+@dataclass
+class ModelOptions:
+    """Model flags as given (None = not given); resolved against [register.internal]."""
+
+    name: str | None = None
+    backend: str | None = None
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    engine_args: str | None = None
+    proxy_args: str | None = None
+    health_timeout: float | None = None
+
+    def given(self) -> list[str]:
+        flags = {
+            "backend": "--backend",
+            "model_path": "--model-path",
+            "tokenizer_path": "--tokenizer-path",
+            "engine_args": "--engine-args",
+            "proxy_args": "--proxy-args",
+            "health_timeout": "--model-health-timeout",
+        }
+        return [f for k, f in flags.items() if getattr(self, k) is not None]
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    backend: bk.Backend
+    model_path: str
+    tokenizer_path: str
+    engine_args: str
+    proxy_args: str
+    health_timeout: float
+    python: str
+    default_args: str
+
+
+def resolve_model(cfg: Config, opts: ModelOptions, name_flag: str) -> ModelSpec:
+    """Flags > [register.internal] > built-ins; engine location and default args from [engine.*]."""
+    name = opts.name
+    if not name:
+        raise CLIError(f"{name_flag} is required", code=2)
+    st.check_name("model", name)
+    spec = cfg.pick(opts.backend, "register.internal", "backend", "sglang:d1")
+    backend = bk.parse(spec)
+    bk.check_local(backend)
+    model_path = cfg.pick(opts.model_path, "register.internal", "model_path")
+    if not model_path:
+        raise CLIError(f"--model-path is required to register model '{name}'", code=2)
+    model_path = _abs_if_local(model_path)
+    tokenizer = _abs_if_local(
+        cfg.pick(opts.tokenizer_path, "register.internal", "tokenizer_path", model_path)
+    )
+    timeout = float(
+        cfg.pick(
+            opts.health_timeout,
+            "register.internal",
+            "model_health_timeout",
+            DEFAULT_MODEL_HEALTH_TIMEOUT,
+        )
+    )
+    if timeout <= 0:
+        raise CLIError("--model-health-timeout must be positive", code=2)
+    engine_args = cfg.pick(opts.engine_args, "register.internal", "engine_args", "")
+    proxy_args = cfg.pick(opts.proxy_args, "register.internal", "proxy_args", "")
+    for flag, value in (("--engine-args", engine_args), ("--proxy-args", proxy_args)):
+        try:
+            shlex.split(value)
+        except ValueError as e:
+            raise CLIError(f"cannot split {flag} {value!r}: {e}", code=2) from None
+    table = f"engine.{backend.engine}"
+    python = engines.resolve_python(backend.engine, cfg.get(table, "python"))
+    default_args = cfg.get(table, "default_args")
+    return ModelSpec(
+        name, backend, model_path, tokenizer, engine_args, proxy_args, timeout, python, default_args
+    )
+
+
+def _abs_if_local(path: str) -> str:
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else path
+
+
+def _default_engine_args(spec: ModelSpec, on_gpu: bool) -> str:
+    if spec.default_args is not None:
+        return spec.default_args
+    if on_gpu:
+        return ""
+    return engines.SGLANG_CPU_ARGS if spec.backend.engine == "sglang" else engines.VLLM_CPU_ARGS
+
+
+def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[str, Any]) -> dict:
+    """Start every replica of `spec` (engines in parallel, then proxies); its state record."""
+    devices = bk.visible_gpus()
+    others = [s for n, s in st.load_all(GROUP).items() if n != launcher.service]
+    others += list(st.load_all("agent").values())
+    used = bk.used_gpus([*others, launcher.state])
+    alloc = bk.allocate(spec.backend, devices, used)
+    engine_name = spec.backend.engine
+    where = f"GPUs {alloc}" if devices else "the CPU"
+    progress(f"starting {spec.backend.dp} {engine_name} replica(s) of '{spec.name}' on {where}")
+    record: dict[str, Any] = {
+        "name": spec.name,
+        "kind": "internal",
+        "backend": str(spec.backend),
+        "engine": engine_name,
+        "model_path": spec.model_path,
+        "tokenizer_path": spec.tokenizer_path,
+        "engine_args": spec.engine_args,
+        "proxy_args": spec.proxy_args,
+        "phase": "starting",
+        "replicas": [],
+    }
+    launcher.state.setdefault("models", {})[spec.name] = record
+    extra = shlex.split(_default_engine_args(spec, bool(devices))) + shlex.split(spec.engine_args)
+    waits = []
+    for rank, gpus in enumerate(alloc):
+        port = _engine_port()
+        launch = engines.engine_launch(
+            engine_name,
+            python=spec.python,
+            model_path=spec.model_path,
+            served_name=spec.name,
+            host="127.0.0.1",
+            port=port,
+            tokenizer_path=spec.tokenizer_path if spec.tokenizer_path != spec.model_path else None,
+            extra_args=extra,
+            tensor_parallel=spec.backend.tp,
+            gpus=gpus,
+        )
+        url = f"http://127.0.0.1:{port}"
+        name = f"{spec.name}-worker-{rank}"
+        record["replicas"].append(
+            {
+                "rank": rank,
+                "gpus": gpus,
+                "worker": name,
+                "data_proxy": f"{spec.name}-data-proxy-{rank}",
+                "engine_url": url,
+            }
+        )
+        proc, comp = launcher.spawn(
+            name,
+            "engine",
+            launch.argv,
+            env=launch.env,
+            host="127.0.0.1",
+            port=port,
+            meta={"model": spec.name, "rank": rank, "url": url, "gpus": gpus},
+        )
+        waits.append((proc, comp, _http_check(url + launch.health_path)))
+    t0 = time.monotonic()
+    launcher.wait_all(waits, spec.health_timeout, "healthy")
+    progress(f"  engines healthy after {time.monotonic() - t0:.1f}s")
+    pwaits, infos = [], []
+    for rep in record["replicas"]:
+        name = rep["data_proxy"]
+        ready = launcher.ready_file(name)
+        argv = [
+            proxy_bin,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--log-level",
+            opts["log_level"],
+            "--engine-url",
+            rep["engine_url"],
+            "--engine",
+            engine_name,
+            "--model",
+            spec.name,
+            "--tokenizer-path",
+            spec.tokenizer_path,
+            "--proxy-id",
+            name,
+            *shlex.split(spec.proxy_args),
+        ]
+        proc, comp = launcher.spawn(
+            name,
+            "proxy",
+            argv,
+            env=launcher.env,
+            host="127.0.0.1",
+            meta={"model": spec.name, "rank": rep["rank"], "proxy_id": name},
+        )
+        info: dict[str, Any] = {}
+        infos.append((rep, comp, info))
+        pwaits.append((proc, comp, Launcher.ready_check(ready, proc.pid, info)))
+    launcher.wait_all(pwaits, opts["launch_timeout"])
+    for rep, comp, info in infos:
+        address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+        rep["proxy_id"] = comp.name
+        rep["address"] = address
+        launcher.update(comp, port=int(info["port"]), address=address)
+    launcher.save()
+    return record
+
+
+def _engine_port() -> int:
+    for _ in range(20):
+        port = supervisor.free_port()
+        if not supervisor.port_in_use("127.0.0.1", port):
+            return port
+    raise CLIError("could not find a free port for an engine")
+
+
+def _http_check(url: str):
+    return lambda: supervisor.http_ok(url, timeout=1.0)
+
+
+def register_with_gateway(gateway_url: str, key: str, record: dict[str, Any]) -> None:
+    body = {
+        "name": record["name"],
+        "kind": "internal",
+        "proxies": [
+            {"proxy_id": r["proxy_id"], "address": r["address"]} for r in record["replicas"]
+        ],
+    }
+    status, payload = call("POST", gateway_url + "/admin/models", key=key, body=body, timeout=30)
+    if status not in (200, 201):
+        raise CLIError(
+            f"gateway refused to register model '{record['name']}': HTTP {status}: "
+            f"{error_message(payload)}"
+        )
+    record["phase"] = "running"
+
+
+# ------------------------------------------------------------------- run
+
+
+@dataclass
+class RunOptions:
+    service: str | None
+    host: str | None
+    port: int | None
+    admin_api_key: str | None
+    scheduler: str | None
+    detach: bool
+    force: bool
+    routing_strategy: str | None
+    log_level: str | None
+    launch_timeout: float | None
+    model: ModelOptions
+
+
+def run(cfg: Config, o: RunOptions) -> int:
+    service = st.check_name("service", cfg.pick(o.service, "default", "service", "default"))
+    given = o.model.given()
+    if o.model.name is None and given:
+        raise CLIError(f"model registration flags require --model. (got {', '.join(given)})", 2)
+    scheduler = cfg.pick(o.scheduler, "scheduler", "type", "local")
+    if scheduler != "local":
+        raise CLIError(f"--scheduler '{scheduler}' is not supported (only 'local')", code=2)
+    host = cfg.pick(o.host, "launch", "gateway_host", "127.0.0.1")
+    port = int(cfg.pick(o.port, "launch", "gateway_port", DEFAULT_PORT))
+    if not 0 <= port <= 65535:
+        raise CLIError(f"--port {port} is out of range", code=2)
+    strategy = cfg.pick(o.routing_strategy, "launch", "routing_strategy", "round_robin")
+    if strategy not in ROUTING_STRATEGIES:
+        raise CLIError(
+            f"invalid --routing-strategy '{strategy}' (choose from {', '.join(ROUTING_STRATEGIES)})",
+            code=2,
+        )
+    log_level = check_log_level(
+        o.log_level or cfg.get("launch", "log_level") or cfg.get("default", "log_level") or "info"
+    )
+    timeout = float(cfg.pick(o.launch_timeout, "launch", "launch_timeout", DEFAULT_LAUNCH_TIMEOUT))
+    if timeout <= 0:
+        raise CLIError("--launch-timeout must be positive", code=2)
+    key = (
+        o.admin_api_key or cfg.get("launch", "admin_api_key") or cfg.get("default", "admin_api_key")
+    )
+    key_source = "given"
+    if not key:
+        key, key_source = "areal-" + secrets.token_urlsafe(24), "generated"
+    spec = resolve_model(cfg, o.model, "--model") if o.model.name is not None else None
+
+    # Everything that can be checked before a process starts is checked here.
+    router_bin = resolve_binary(cfg, "router")
+    gateway_bin = resolve_binary(cfg, "gateway")
+    proxy_bin = resolve_binary(cfg, "proxy") if spec else ""
+    lock = st.Lock(GROUP, service)
+    lock.acquire()
+    try:
+        _clear_existing(service, o.force)
+        if port and supervisor.port_in_use(host, port):
+            raise CLIError(
+                f"port {port} on {host} is already in use: choose another --port "
+                "(or [launch] gateway_port)"
+            )
+        token = secrets.token_urlsafe(32)
+        st.save_secrets(GROUP, service, {"admin_api_key": key, "internal_token": token})
+        state: dict[str, Any] = {
+            "version": 1,
+            "group": GROUP,
+            "service": service,
+            "instance": uuid.uuid4().hex,
+            "phase": "starting",
+            "scheduler": scheduler,
+            "created_at": time.time(),
+            "owner": self_identity(foreground=not o.detach),
+            "routing_strategy": strategy,
+            "log_level": log_level,
+            "launch_timeout": timeout,
+            "admin_key_source": key_source,
+            "gateway": {"host": host, "port": port, "url": ""},
+            "router": {"address": ""},
+            "components": {},
+            "models": {},
+        }
+        launcher = Launcher(GROUP, service, state, {"AREAL_INTERNAL_TOKEN": token})
+        opts = {"log_level": log_level, "launch_timeout": timeout}
+        t0 = time.monotonic()
+        try:
+            with stop_signals():
+                _start_core(launcher, router_bin, gateway_bin, host, port, key, strategy, opts)
+                progress(
+                    f"gateway healthy at {state['gateway']['url']} ({time.monotonic() - t0:.1f}s)"
+                )
+                if spec is not None:
+                    record = start_model(launcher, spec, proxy_bin, opts)
+                    register_with_gateway(state["gateway"]["url"], key, record)
+                    progress(f"model '{spec.name}' registered ({time.monotonic() - t0:.1f}s)")
+                state["phase"] = "running"
+                launcher.save()
+        except BaseException as e:
+            _fail_run(launcher, e)
+            raise  # not reached: _fail_run raises
+    finally:
+        lock.release()
+
+    _print_summary(service, state, key_source, detached=o.detach)
+    if o.detach:
+        return 0
+    return monitor_foreground(GROUP, service, state["instance"], launcher.procs)
+
+
+def _clear_existing(service: str, force: bool) -> None:
+    from areal_cli.lifecycle import components, service_status, terminate_components
+
+    old = st.load(GROUP, service)
+    if old is None:
+        return
+    status = service_status(old)
+    if not force:
+        if status in ("running", "degraded", "starting"):
+            url = (old.get("gateway") or {}).get("url") or "-"
+            raise CLIError(
+                f"inf service '{service}' is already {status} (gateway {url}); "
+                f"stop it with `areal inf stop --service {service}` or replace it with --force"
+            )
+        raise CLIError(
+            f"inf service '{service}' has {status} state; clean it with "
+            f"`areal inf stop --service {service}` or start over it with --force"
+        )
+    comps = list(components(old).values())
+    alive = [c for c in comps if supervisor.group_alive(c)]
+    if alive:
+        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
+    survivors = terminate_components(comps, grace=5.0)
+    if survivors:
+        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
+    st.remove(GROUP, service)
+
+
+def _start_core(
+    launcher: Launcher,
+    router_bin: str,
+    gateway_bin: str,
+    host: str,
+    port: int,
+    key: str,
+    strategy: str,
+    opts: dict[str, Any],
+) -> None:
+    state = launcher.state
+    ready = launcher.ready_file("router")
+    argv = [
+        router_bin,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready),
+        "--log-level",
+        opts["log_level"],
+        "--policy",
+        strategy,
+    ]
+    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
+    info: dict[str, Any] = {}
+    launcher.wait_all(
+        [(proc, router, Launcher.ready_check(ready, proc.pid, info))], opts["launch_timeout"]
+    )
+    address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+    launcher.update(router, port=int(info["port"]), address=address)
+    state["router"] = {"address": address}
+    launcher.save()
+
+    ready = launcher.ready_file("gateway")
+    argv = [
+        gateway_bin,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--ready-file",
+        str(ready),
+        "--log-level",
+        opts["log_level"],
+        "--router-addr",
+        address,
+    ]
+    env = {**launcher.env, "AREAL_ADMIN_API_KEY": key}
+    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=host, port=port)
+    ginfo: dict[str, Any] = {}
+    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
+
+    def healthy() -> bool:
+        return file_ok() and gateway_healthy(http_url(host, int(ginfo["port"])), proc.pid)
+
+    launcher.wait_all([(proc, gw, healthy)], opts["launch_timeout"], "healthy")
+    url = http_url(host, int(ginfo["port"]))
+    launcher.update(gw, port=int(ginfo["port"]), url=url)
+    state["gateway"] = {"host": host, "port": int(ginfo["port"]), "url": url}
+    launcher.save()
+
+
+def _fail_run(launcher: Launcher, e: BaseException) -> None:
+    """Stop everything this run started, remove its state, and raise the reason."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if launcher.started:
+            progress(f"launch failed: stopping {len(launcher.started)} started component(s)")
+        launcher.abort()
+        st.remove(GROUP, launcher.service)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise _as_cli_error(e, "run") from None
+
+
+def _as_cli_error(e: BaseException, what: str) -> BaseException:
+    if isinstance(e, LaunchError):
+        return CLIError(str(e))
+    if isinstance(e, CLIError):
+        return e
+    if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Interrupted":
+        return CLIError(f"{what} interrupted; everything it started was stopped", code=130)
+    return e
+
+
+def _print_summary(service: str, state: dict[str, Any], key_source: str, detached: bool) -> None:
+    how = "running in the background" if detached else "running (Ctrl-C stops it)"
+    print(f"inf service '{service}' is {how}")
+    print(f"  gateway    {state['gateway']['url']}")
+    for name, m in state.get("models", {}).items():
+        print(f"  model      {name} ({m['backend']}, {len(m['replicas'])} replica(s))")
+    where = st.secrets_path(GROUP, service)
+    if key_source == "generated":
+        print(f"  admin key  generated; stored in {where} (mode 0600)")
+    print(f"  status     areal inf status --service {service}")
+    print(f"  stop       areal inf stop --service {service}", flush=True)
+
+
+# ------------------------------------------------------------------- register
+
+
+def _running_service(service: str) -> tuple[dict[str, Any], str, str]:
+    from areal_cli.lifecycle import components, require_state
+
+    s = require_state(GROUP, service)
+    gw = components(s).get("gateway")
+    url = (s.get("gateway") or {}).get("url", "")
+    if gw is None or not gw.alive() or not url:
+        raise CLIError(
+            f"inf service '{service}' is not running (its gateway is dead); "
+            f"start it again with `areal inf run --service {service} --force`"
+        )
+    key = admin_key(service)
+    return s, url, key
+
+
+def admin_key(service: str) -> str:
+    key = st.load_secrets(GROUP, service).get("admin_api_key")
+    if not key:
+        raise CLIError(
+            f"no admin key recorded for inf service '{service}' "
+            f"({st.secrets_path(GROUP, service)} is missing)"
+        )
+    return key
+
+
+def register(cfg: Config, service: str | None, opts: ModelOptions) -> int:
+    service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
+    spec = resolve_model(cfg, opts, "--model-name")
+    proxy_bin = resolve_binary(cfg, "proxy")
+    with st.locked(GROUP, service):
+        s, url, key = _running_service(service)
+        if spec.name in (s.get("models") or {}):
+            raise CLIError(f"model '{spec.name}' is already registered on inf service '{service}'")
+        token = st.load_secrets(GROUP, service).get("internal_token", "")
+        launcher = Launcher(GROUP, service, s, {"AREAL_INTERNAL_TOKEN": token})
+        lopts = {
+            "log_level": s.get("log_level", "info"),
+            "launch_timeout": float(s.get("launch_timeout", DEFAULT_LAUNCH_TIMEOUT)),
+        }
+        t0 = time.monotonic()
+        try:
+            with stop_signals():
+                record = start_model(launcher, spec, proxy_bin, lopts)
+                register_with_gateway(url, key, record)
+                launcher.save()
+        except BaseException as e:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                if launcher.started:
+                    progress(
+                        f"register failed: stopping {len(launcher.started)} started component(s)"
+                    )
+                launcher.abort()
+                s.get("models", {}).pop(spec.name, None)
+                launcher.save()
+            finally:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise _as_cli_error(e, "register") from None
+    print(
+        f"model '{spec.name}' registered on inf service '{service}' "
+        f"({record['backend']}, {len(record['replicas'])} replica(s), {time.monotonic() - t0:.1f}s)"
+    )
+    return 0
+
+
+def deregister(cfg: Config, service: str | None, name: str, grace: float = 10.0) -> int:
+    from areal_cli.lifecycle import components, terminate_components
+
+    service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
+    st.check_name("model", name)
+    with st.locked(GROUP, service, wait=5):
+        s, url, key = _running_service(service)
+        record = (s.get("models") or {}).get(name)
+        status, payload = call("DELETE", f"{url}/admin/models/{name}", key=key, timeout=30)
+        if status == 404 and record is None:
+            raise CLIError(f"model '{name}' is not registered on inf service '{service}'")
+        if status not in (200, 204, 404):
+            raise CLIError(
+                f"gateway refused to deregister model '{name}': HTTP {status}: "
+                f"{error_message(payload)}"
+            )
+        stopped = 0
+        if record is not None:
+            comps = components(s)
+            names = [n for r in record["replicas"] for n in (r["data_proxy"], r["worker"])]
+            mine = [comps[n] for n in names if n in comps]
+            survivors = terminate_components(mine, grace=grace)
+            if survivors:
+                raise CLIError(f"could not stop {', '.join(survivors)}; state kept")
+            for n in names:
+                s["components"].pop(n, None)
+                _unlink(st.run_dir(GROUP, service) / f"{n}.ready")
+            s["models"].pop(name, None)
+            st.save(GROUP, service, s)
+            stopped = len(mine)
+    print(f"model '{name}' deregistered from inf service '{service}' ({stopped} processes stopped)")
+    return 0
+
+
+def _unlink(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
+
+
+def models(cfg: Config, service: str | None, as_json: bool) -> int:
+    import json
+
+    from areal_cli.lifecycle import components, print_table, require_state
+
+    service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
+    s = require_state(GROUP, service)
+    comps = components(s)
+    gw = comps.get("gateway")
+    url = (s.get("gateway") or {}).get("url", "")
+    live: dict[str, dict[str, Any]] = {}
+    gateway_error = ""
+    if gw is not None and gw.alive() and url:
+        try:
+            status, payload = call("GET", url + "/admin/models", key=admin_key(service), timeout=5)
+            if status == 200 and isinstance(payload, dict):
+                live = {
+                    str(m.get("name")): m for m in payload.get("models", []) if isinstance(m, dict)
+                }
+            else:
+                gateway_error = f"HTTP {status}: {error_message(payload)}"
+        except CLIError as e:
+            gateway_error = e.message
+    else:
+        gateway_error = "gateway is not running"
+    out = []
+    recorded = s.get("models") or {}
+    for name in sorted(set(recorded) | set(live)):
+        rec, g = recorded.get(name), live.get(name)
+        workers = (g or {}).get("workers", [])
+        replicas = []
+        for r in (rec or {}).get("replicas", []):
+            w, p = comps.get(r.get("worker", "")), comps.get(r.get("data_proxy", ""))
+            replicas.append(
+                {
+                    "rank": r.get("rank"),
+                    "gpus": r.get("gpus", []),
+                    "worker": r.get("worker"),
+                    "worker_alive": bool(w and w.alive()),
+                    "data_proxy": r.get("data_proxy"),
+                    "data_proxy_alive": bool(p and p.alive()),
+                    "address": r.get("address"),
+                    "engine_url": r.get("engine_url"),
+                }
+            )
+        out.append(
+            {
+                "name": name,
+                "kind": (g or {}).get("kind") or (rec or {}).get("kind", "internal"),
+                "backend": (rec or {}).get("backend"),
+                "model_path": (rec or {}).get("model_path"),
+                "registered": g is not None,
+                "managed": rec is not None,
+                "base_url": (g or {}).get("base_url"),
+                "replicas": replicas,
+                "workers": workers,
+            }
+        )
+    if as_json:
+        doc: dict[str, Any] = {"service": service, "models": out}
+        if gateway_error:
+            doc["gateway_error"] = gateway_error
+        print(json.dumps(doc, indent=2))
+        return 0
+    if gateway_error:
+        progress(f"warning: could not list models from the gateway: {gateway_error}")
+    if not out:
+        print(f"no models registered on inf service '{service}'")
+        return 0
+    rows = []
+    for m in out:
+        healthy = sum(1 for w in m["workers"] if str(w.get("health", "")).lower() == "healthy")
+        alive = sum(1 for r in m["replicas"] if r["worker_alive"] and r["data_proxy_alive"])
+        n = len(m["replicas"]) or len(m["workers"])
+        rows.append(
+            [
+                m["name"],
+                m["kind"],
+                m["backend"] or m["base_url"] or "-",
+                f"{alive}/{n} alive" + (f", {healthy} healthy" if m["workers"] else ""),
+                "yes" if m["registered"] else "no",
+            ]
+        )
+    print_table(["MODEL", "KIND", "BACKEND", "REPLICAS", "IN GATEWAY"], rows)
+    return 0
+
+
+__all__ = ["Component", "ModelOptions", "RunOptions", "deregister", "models", "register", "run"]

@@ -1,0 +1,281 @@
+"""Starting components of a service and recording them as they start.
+
+Shared by `areal inf` and `areal agent`. A Launcher spawns each component in
+its own process group, records it in the service state at once (so a CLI that
+is killed mid-launch leaves state that `stop` / `run --force` can clean up),
+waits for it to be ready, and on any failure stops everything it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from areal_cli import state as st
+from areal_cli import supervisor
+from areal_cli.config import Config
+from areal_cli.errors import CLIError
+from areal_cli.supervisor import Component, LaunchError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+BINARIES = {
+    "gateway": "areal-gateway",
+    "router": "areal-router",
+    "proxy": "areal-proxy",
+    "agent_worker": "areal-agent-worker",
+}
+
+
+def resolve_binary(cfg: Config, key: str) -> str:
+    """A service binary: `[binaries] <key>` in the config, else on PATH."""
+    name = BINARIES[key]
+    configured = cfg.get("binaries", key)
+    if configured:
+        path = os.path.expanduser(configured)
+        found = shutil.which(path) if os.sep not in path else path
+        if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise CLIError(f"[binaries] {key} = '{configured}' is not an executable file")
+        return found
+    found = shutil.which(name)
+    if not found:
+        raise CLIError(
+            f"{name} not found on PATH: install the {name} package (or activate the "
+            f"environment that has it), or set [binaries] {key} = '/path/to/{name}' in "
+            f"{cfg.group}/config.toml"
+        )
+    return found
+
+
+def check_log_level(level: str) -> str:
+    level = level.lower()
+    if level not in LOG_LEVELS:
+        raise CLIError(f"invalid --log-level '{level}' (choose from {', '.join(LOG_LEVELS)})", 2)
+    return level
+
+
+def connect_host(host: str) -> str:
+    """Where to reach a server bound to `host` from this machine."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def http_url(host: str, port: int) -> str:
+    h = connect_host(host)
+    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
+
+
+def self_identity(foreground: bool) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "start_time": supervisor.proc_start_time(os.getpid()) or 0,
+        "foreground": foreground,
+    }
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Launcher:
+    """Spawns and records components of one service; `abort()` stops what it started."""
+
+    def __init__(self, group: str, service: str, state: dict[str, Any], env: dict[str, str]):
+        self.group = group
+        self.service = service
+        self.state = state
+        self.env = env  # secrets etc. for services (never on argv)
+        self.procs: dict[int, Any] = {}
+        self.started: list[Component] = []
+
+    # -- recording -------------------------------------------------------
+    def save(self) -> None:
+        st.save(self.group, self.service, self.state)
+
+    def ready_file(self, name: str) -> Path:
+        p = st.run_dir(self.group, self.service) / f"{name}.ready"
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+        return p
+
+    def log_file(self, name: str) -> Path:
+        return st.logs_dir(self.group, self.service) / f"{name}.log"
+
+    def spawn(
+        self,
+        name: str,
+        role: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        host: str = "",
+        port: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[Any, Component]:
+        if name in self.state.setdefault("components", {}):
+            raise CLIError(f"component '{name}' already exists in service '{self.service}'")
+        proc, comp = supervisor.spawn(
+            name,
+            argv,
+            self.log_file(name),
+            env=env,
+            host=host,
+            port=port,
+            meta={"role": role, "started_at": time.time(), **(meta or {})},  # type: ignore[dict-item]
+        )
+        self.procs[proc.pid] = proc
+        self.started.append(comp)
+        self.state["components"][name] = comp.to_dict()
+        self.save()
+        return proc, comp
+
+    def update(self, comp: Component, **fields: Any) -> None:
+        for k, v in fields.items():
+            if k in ("host", "port"):
+                setattr(comp, k, v)
+            else:
+                comp.meta[k] = v
+        self.state["components"][comp.name] = comp.to_dict()
+
+    # -- waiting ---------------------------------------------------------
+    def wait_all(
+        self,
+        items: list[tuple[Any, Component, Callable[[], bool]]],
+        timeout: float,
+        what: str = "ready",
+    ) -> None:
+        """Wait until every check passes; fail fast when any of the processes exits."""
+        deadline = time.monotonic() + timeout
+        pending = list(items)
+        interval = 0.02
+        while pending:
+            for item in list(pending):
+                proc, comp, check = item
+                if proc.poll() is not None:
+                    raise LaunchError(
+                        comp.name, f"process exited (code {proc.returncode})", Path(comp.log)
+                    )
+                if check() and proc.poll() is None:
+                    pending.remove(item)
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                comp = pending[0][1]
+                raise LaunchError(comp.name, f"not {what} after {timeout:g}s", Path(comp.log))
+            time.sleep(interval)
+            interval = min(0.25, interval * 1.3)
+
+    @staticmethod
+    def ready_check(path: Path, pid: int, out: dict[str, Any]) -> Callable[[], bool]:
+        def check() -> bool:
+            info = supervisor.read_ready_file(path)
+            if info and info.get("pid") == pid and info.get("port"):
+                out.update(info)
+                return True
+            return False
+
+        return check
+
+    # -- failure ---------------------------------------------------------
+    def abort(self, comps: list[Component] | None = None, grace: float = 3.0) -> None:
+        """Stop the given (default: all started) components and forget them in state."""
+        from areal_cli.lifecycle import terminate_components
+
+        comps = self.started if comps is None else comps
+        terminate_components(comps, grace=grace, procs=self.procs)
+        for c in comps:
+            self.state.get("components", {}).pop(c.name, None)
+
+
+class Interrupted(BaseException):
+    """SIGTERM / SIGHUP received: stop like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Turn SIGTERM and SIGHUP into Interrupted while the block runs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def monitor_foreground(group: str, service: str, instance: str, procs: dict[int, Any]) -> int:
+    """Watch a foreground service until Ctrl-C / SIGTERM (tear down, 0) or a death (tear down, 1).
+
+    Re-reads the state each round, so components added by `register` are watched
+    and torn down too, and one removed by `deregister` is not reported. When the
+    state disappears (`areal <group> stop` from elsewhere) it returns 0.
+    """
+    from areal_cli.lifecycle import components, terminate_components
+
+    def gone(s: dict[str, Any] | None) -> bool:
+        return s is None or s.get("instance") != instance or s.get("phase") == "stopped"
+
+    try:
+        with stop_signals():
+            while True:
+                time.sleep(0.3)
+                for p in procs.values():
+                    p.poll()  # reap our children so a dead one is seen as dead
+                s = st.load(group, service)
+                if gone(s):
+                    progress(f"{group} service '{service}' was stopped")
+                    return 0
+                assert s is not None
+                if all(c.alive() for c in components(s).values()):
+                    continue
+                try:
+                    lock = st.Lock(group, service)
+                    lock.acquire()
+                except CLIError:
+                    continue  # someone (register / deregister / stop) is changing it
+                with lock:
+                    s = st.load(group, service)
+                    if gone(s):
+                        continue
+                    assert s is not None
+                    comps = components(s)
+                    dead = [c for c in comps.values() if not c.alive()]
+                    if not dead:
+                        continue
+                    lines = []
+                    for c in dead:
+                        p = procs.get(c.pid)
+                        code = f" (exit code {p.returncode})" if p is not None else ""
+                        lines.append(f"  {c.name} died{code}; log: {c.log}")
+                        tail = supervisor.log_tail(c.log, 10)
+                        lines += ["    " + ln for ln in tail.splitlines()]
+                    progress("\n".join(lines))
+                    progress(f"tearing down {group} service '{service}'")
+                    terminate_components(list(comps.values()), grace=5.0, procs=procs)
+                    st.remove(group, service)
+                names = ", ".join(c.name for c in dead)
+                raise CLIError(f"{names} of {group} service '{service}' died; service torn down")
+    except (KeyboardInterrupt, Interrupted):
+        progress(f"\nstopping {group} service '{service}' ...")
+        with st.locked(group, service, wait=60):
+            s = st.load(group, service)
+            if not gone(s):
+                assert s is not None
+                terminate_components(list(components(s).values()), grace=10.0, procs=procs)
+                st.remove(group, service)
+        progress(f"{group} service '{service}' stopped")
+        return 0

@@ -1,0 +1,376 @@
+"""Lifecycle shared by `areal inf` and `areal agent`: reconcile, ps, status, logs, stop.
+
+A service state records components (supervisor.Component dicts) keyed by name;
+each has `meta.role` in {gateway, router, engine, proxy, worker}. Everything here
+works from the state file and /proc, so it is the same for both groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from areal_cli import state as st
+from areal_cli.errors import CLIError
+from areal_cli.supervisor import Component
+
+# Stop order: data proxies, then engines / agent workers, then gateway, then router.
+STOP_TIERS = (("proxy",), ("engine", "worker"), ("gateway",), ("router",))
+DEFAULT_GRACE = 10.0
+
+
+def components(state: dict[str, Any]) -> dict[str, Component]:
+    return {n: Component.from_dict(d) for n, d in (state.get("components") or {}).items()}
+
+
+def owner_alive(state: dict[str, Any]) -> bool:
+    o = state.get("owner") or {}
+    return (
+        bool(o) and Component("owner", o.get("pid", 0), 0, o.get("start_time", -1), [], "").alive()
+    )
+
+
+def service_status(state: dict[str, Any], comps: dict[str, Component] | None = None) -> str:
+    """starting | running | degraded (a component dead) | stale (gateway dead) | stopped."""
+    if state.get("phase") == "stopped":
+        return "stopped"
+    comps = components(state) if comps is None else comps
+    alive = {n: c.alive() for n, c in comps.items()}
+    if state.get("phase") == "starting" and owner_alive(state):
+        return "starting"
+    gw = [n for n, c in comps.items() if c.meta.get("role") == "gateway"]
+    if not gw or not all(alive[n] for n in gw):
+        return "stale"
+    return "running" if all(alive.values()) else "degraded"
+
+
+def describe(comp: Component) -> dict[str, Any]:
+    alive = comp.alive()
+    d: dict[str, Any] = {
+        "name": comp.name,
+        "role": comp.meta.get("role", ""),
+        "status": "running" if alive else "dead",
+        "alive": alive,
+        "pid": comp.pid,
+        "pgid": comp.pgid,
+        "host": comp.host,
+        "port": comp.port,
+        "log": comp.log,
+        "argv": comp.argv,
+    }
+    for key in ("url", "address", "model", "rank", "proxy_id", "started_at", "gpus"):
+        if key in comp.meta:
+            d[key] = comp.meta[key]
+    return d
+
+
+def stop_tiers(comps: list[Component]) -> list[list[Component]]:
+    tiers: list[list[Component]] = []
+    seen: set[str] = set()
+    for roles in STOP_TIERS:
+        tier = [c for c in comps if c.meta.get("role") in roles]
+        seen.update(c.name for c in tier)
+        tiers.append(tier)
+    rest = [c for c in comps if c.name not in seen]
+    if rest:
+        tiers.insert(0, rest)
+    return [t for t in tiers if t]
+
+
+def terminate_components(
+    comps: list[Component], *, grace: float, force: bool = False, procs: dict | None = None
+) -> list[str]:
+    """Stop `comps` in tier order; the names of any that survived."""
+    from areal_cli import supervisor
+
+    supervisor.terminate(stop_tiers(comps), grace=grace, force=force, procs=procs)
+    return [c.name for c in comps if supervisor.group_alive(c)]
+
+
+def require_state(group: str, service: str) -> dict[str, Any]:
+    s = st.load(group, service)
+    if s is None:
+        known = st.list_services(group)
+        hint = f" (known: {', '.join(known)})" if known else f" (no {group} services are recorded)"
+        raise CLIError(f"no {group} service named '{service}'{hint}")
+    return s
+
+
+def stop(
+    group: str, service: str, *, force: bool, grace: float, keep_state: bool, quiet: bool = False
+) -> int:
+    st.check_name("service", service)
+    with st.locked(group, service, wait=max(5.0, grace + 5.0)):
+        s = require_state(group, service)
+        comps = list(components(s).values())
+        t0 = time.monotonic()
+        survivors = terminate_components(comps, grace=grace, force=force)
+        took = time.monotonic() - t0
+        if survivors:
+            raise CLIError(
+                f"could not stop {', '.join(survivors)} of {group} service '{service}'; "
+                "state kept so you can retry"
+            )
+        if keep_state:
+            s["phase"] = "stopped"
+            s["stopped_at"] = time.time()
+            st.save(group, service, s)
+        else:
+            st.remove(group, service)
+    if not quiet:
+        how = "killed" if force else "stopped"
+        kept = " (state kept)" if keep_state else ""
+        print(f"{group} service '{service}' {how}: {len(comps)} components in {took:.1f}s{kept}")
+    return 0
+
+
+# ---------------------------------------------------------------------- ps / status
+
+
+def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
+    rows = []
+    for name, s in st.load_all(group).items():
+        comps = components(s)
+        status = service_status(s, comps)
+        if status in ("stale", "stopped") and not include_stale:
+            continue
+        dead = sorted(n for n, c in comps.items() if not c.alive())
+        row: dict[str, Any] = {
+            "service": name,
+            "status": status,
+            "gateway": (s.get("gateway") or {}).get("url", ""),
+            "components": len(comps),
+            "dead": dead,
+            "foreground": bool((s.get("owner") or {}).get("foreground")),
+            "created_at": s.get("created_at"),
+        }
+        if group == "inf":
+            row["models"] = sorted(s.get("models") or {})
+        else:
+            row["agent"] = s.get("agent", "")
+        rows.append(row)
+    return rows
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(fmt.format(*headers).rstrip())
+    for r in rows:
+        print(fmt.format(*r).rstrip())
+
+
+def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
+    rows = ps_rows(group, include_stale=include_stale)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no {group} services" + ("" if include_stale else " running (--all shows stale)"))
+        return 0
+    last = "MODELS" if group == "inf" else "AGENT"
+    table = []
+    for r in rows:
+        status = r["status"] + (
+            f" ({', '.join(r['dead'])} dead)" if r["status"] == "degraded" else ""
+        )
+        extra = ",".join(r["models"]) if group == "inf" else r["agent"]
+        table.append([r["service"], status, r["gateway"] or "-", extra or "-"])
+    print_table(["SERVICE", "STATUS", "GATEWAY", last], table)
+    return 0
+
+
+def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any]:
+    """The `status --json` document: `.gateway.url`, `.router`, per-model or per-pair objects."""
+    from areal_cli.http import gateway_healthy
+
+    s = require_state(group, service)
+    comps = components(s)
+    described = {n: describe(c) for n, c in comps.items()}
+    doc: dict[str, Any] = {
+        "service": service,
+        "group": group,
+        "status": service_status(s, comps),
+        "scheduler": s.get("scheduler", "local"),
+        "created_at": s.get("created_at"),
+        "foreground": bool((s.get("owner") or {}).get("foreground")),
+    }
+    gw = dict(described.get("gateway") or {})
+    gw["url"] = (s.get("gateway") or {}).get("url", "")
+    if probe and gw.get("alive"):
+        gw["healthy"] = gateway_healthy(gw["url"], gw["pid"], timeout=1.0)
+    else:
+        gw["healthy"] = False
+    doc["gateway"] = gw
+    router = dict(described.get("router") or {})
+    router.setdefault("address", (s.get("router") or {}).get("address", ""))
+    doc["router"] = router
+    if group == "inf":
+        models = []
+        for name, m in (s.get("models") or {}).items():
+            reps = []
+            for r in m.get("replicas", []):
+                reps.append(
+                    {
+                        "rank": r.get("rank"),
+                        "gpus": r.get("gpus", []),
+                        "worker": described.get(r.get("worker", ""), {}),
+                        "data_proxy": described.get(r.get("data_proxy", ""), {}),
+                    }
+                )
+            models.append(
+                {
+                    "name": name,
+                    "backend": m.get("backend"),
+                    "model_path": m.get("model_path"),
+                    "phase": m.get("phase", "running"),
+                    "replicas": reps,
+                }
+            )
+        doc["models"] = models
+    else:
+        doc["agent"] = s.get("agent", "")
+        doc["pairs"] = [
+            {
+                "index": p.get("index"),
+                "worker": described.get(p.get("worker", ""), {}),
+                "proxy": described.get(p.get("proxy", ""), {}),
+            }
+            for p in s.get("pairs", [])
+        ]
+    doc["components"] = described
+    return doc
+
+
+def print_status(doc: dict[str, Any]) -> None:
+    gw = doc["gateway"]
+    print(f"service   {doc['service']} ({doc['group']}, scheduler {doc['scheduler']})")
+    health = "healthy" if gw.get("healthy") else "not answering" if gw.get("alive") else "dead"
+    print(f"status    {doc['status']}")
+    print(f"gateway   {gw.get('url') or '-'} ({health})")
+    if doc["group"] == "inf":
+        names = ", ".join(m["name"] for m in doc["models"]) or "-"
+        print(f"models    {names}")
+    else:
+        print(f"agent     {doc.get('agent') or '-'}")
+    print()
+    rows = []
+    for c in doc["components"].values():
+        addr = (
+            c.get("url") or c.get("address") or (f"{c['host']}:{c['port']}" if c["port"] else "-")
+        )
+        rows.append([c["name"], c["role"], c["status"], str(c["pid"]), addr, c["log"]])
+    print_table(["COMPONENT", "ROLE", "STATUS", "PID", "ADDRESS", "LOG"], rows)
+
+
+def status(group: str, service: str, *, as_json: bool, watch: bool, interval: float) -> int:
+    st.check_name("service", service)
+    if interval <= 0:
+        raise CLIError("--interval must be positive", code=2)
+    while True:
+        doc = status_doc(group, service)
+        if as_json:
+            print(json.dumps(doc, indent=2), flush=True)
+        else:
+            if watch and sys.stdout.isatty():
+                print("\033[H\033[2J", end="")
+            print_status(doc)
+            if watch:
+                print(f"\n(every {interval:g}s; Ctrl-C to quit)", flush=True)
+        if not watch:
+            return 0
+        try:
+            time.sleep(interval)
+        except KeyboardInterrupt:
+            return 0
+
+
+# ---------------------------------------------------------------------- logs
+
+
+def available_logs(group: str, service: str) -> list[str]:
+    names: set[str] = set()
+    s = st.load(group, service)
+    if s:
+        names.update(components(s))
+    d = st.logs_dir(group, service)
+    if d.is_dir():
+        names.update(p.stem for p in d.glob("*.log"))
+    return sorted(names)
+
+
+def logs(group: str, service: str, component: str, *, follow: bool, lines: int) -> int:
+    st.check_name("service", service)
+    if lines < 0:
+        raise CLIError("-n must be 0 or more", code=2)
+    s = st.load(group, service)
+    path: Path | None = None
+    if s and component in (s.get("components") or {}):
+        path = Path(s["components"][component]["log"])
+    elif "/" not in component and component not in ("", ".", ".."):
+        path = st.logs_dir(group, service) / f"{component}.log"
+    if path is None or not path.is_file():
+        avail = available_logs(group, service)
+        if not avail:
+            raise CLIError(f"no logs for {group} service '{service}'")
+        raise CLIError(
+            f"no log for component '{component}' of {group} service '{service}'; "
+            f"available: {', '.join(avail)}"
+        )
+    from areal_cli.supervisor import log_tail
+
+    out = sys.stdout
+    if lines:
+        text = log_tail(path, lines)
+        if text:
+            out.write(text + "\n")
+    out.flush()
+    if follow:
+        try:
+            _follow(path)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _follow(path: Path) -> None:
+    """tail -F: keep reading; reopen when the file is replaced or truncated."""
+    f = None
+    ino = None
+    pos = 0
+    try:
+        try:
+            f = open(path, "rb")
+            f.seek(0, os.SEEK_END)
+            pos = f.tell()
+            ino = os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            pass
+        while True:
+            if f is not None:
+                chunk = f.read()
+                if chunk:
+                    pos += len(chunk)
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                    continue
+            time.sleep(0.2)
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if f is None or info.st_ino != ino or info.st_size < pos:
+                if f is not None:
+                    f.close()
+                f = open(path, "rb")
+                ino = os.fstat(f.fileno()).st_ino
+                pos = 0
+    finally:
+        if f is not None:
+            f.close()

@@ -1,0 +1,174 @@
+"""Stand-ins for areal-gateway / areal-router / areal-proxy / an SGLang engine.
+
+Stdlib only. They follow the contract of docs/services.md (flags, ready file,
+gateway /health with pid, admin API with the Bearer admin key) so the CLI's
+lifecycle can be unit-tested without the real binaries. Not a product: the
+real binaries are exercised by tests/cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def write_ready(path: str, host: str, port: int) -> None:
+    if not path:
+        return
+    info = {
+        "pid": os.getpid(),
+        "host": host,
+        "port": port,
+        "version": "fake",
+        "started_at": time.time(),
+    }
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ready-file", default="")
+    p.add_argument("--log-level", default="info")
+
+
+MODELS: dict[str, dict] = {}
+
+
+class Handler(BaseHTTPRequestHandler):
+    role = "gateway"
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        sys.stderr.write(f"{self.role} {fmt % args}\n")
+
+    def _send(self, code: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _admin(self) -> bool:
+        if self.headers.get("Authorization") != f"Bearer {os.environ.get('AREAL_ADMIN_API_KEY')}":
+            self._send(401, {"error": {"message": "bad key", "type": "authentication_error"}})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, {"status": "ok", "pid": os.getpid()})
+        elif self.path == "/admin/models" and self._admin():
+            self._send(200, {"models": list(MODELS.values())})
+        elif self.path not in ("/admin/models",):
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        if self.path == "/admin/models" and self._admin():
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if body["name"] in MODELS:
+                self._send(409, {"error": {"message": "exists"}})
+                return
+            workers = [{**p, "health": "healthy"} for p in body.get("proxies", [])]
+            MODELS[body["name"]] = {"name": body["name"], "kind": body["kind"], "workers": workers}
+            self._send(201, {"name": body["name"], "kind": body["kind"]})
+
+    def do_DELETE(self) -> None:
+        name = self.path.rsplit("/", 1)[-1]
+        if self.path.startswith("/admin/models/") and self._admin():
+            if name not in MODELS:
+                self._send(404, {"error": {"message": "unknown model"}})
+                return
+            m = MODELS.pop(name)
+            self._send(200, {"name": name, "proxy_ids": [w["proxy_id"] for w in m["workers"]]})
+
+
+def serve_http(host: str, port: int, ready: str, role: str) -> None:
+    Handler.role = role
+    srv = ThreadingHTTPServer((host, port), Handler)
+    signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=srv.shutdown).start())
+    write_ready(ready, host, srv.server_address[1])
+    print(f"{role} listening on {host}:{srv.server_address[1]}", file=sys.stderr, flush=True)
+    srv.serve_forever(poll_interval=0.05)
+
+
+def serve_tcp(host: str, port: int, ready: str, role: str) -> None:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen()
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    write_ready(ready, host, s.getsockname()[1])
+    print(f"{role} listening on {host}:{s.getsockname()[1]}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(1)
+
+
+def main() -> None:
+    role, argv = sys.argv[1], sys.argv[2:]
+    if os.environ.get("FAKE_CRASH") == role:
+        print(f"{role}: crashing as asked (FAKE_CRASH)", file=sys.stderr)
+        sys.exit(3)
+    if role == "engine":
+        # Invoked as: <python> -m sglang.launch_server --model-path ... --port N ...
+        p = argparse.ArgumentParser(prog="fake-engine")
+        p.add_argument("-m")
+        for flag in (
+            "--model-path",
+            "--served-model-name",
+            "--tokenizer-path",
+            "--tp-size",
+            "--device",
+            "--attention-backend",
+            "--mem-fraction-static",
+            "--max-total-tokens",
+        ):
+            p.add_argument(flag)
+        p.add_argument("--disable-overlap-schedule", action="store_true")
+        common(p)
+        a = p.parse_args(argv)  # unknown flags: exit 2, like a real engine
+        delay = float(os.environ.get("FAKE_ENGINE_DELAY", "0.2"))
+        time.sleep(delay)
+        serve_http(a.host, a.port, "", "engine")
+        return
+    p = argparse.ArgumentParser(prog=f"fake-{role}")
+    common(p)
+    if role == "gateway":
+        p.add_argument("--router-addr", required=True)
+        p.add_argument("--mode", default="inference")
+        a = p.parse_args(argv)
+        if not os.environ.get("AREAL_ADMIN_API_KEY") or not os.environ.get("AREAL_INTERNAL_TOKEN"):
+            sys.exit("gateway: secrets missing from the environment")
+        serve_http(a.host, a.port, a.ready_file, "gateway")
+    elif role == "router":
+        p.add_argument("--policy", default="round_robin")
+        a = p.parse_args(argv)
+        serve_tcp(a.host, a.port, a.ready_file, "router")
+    elif role == "proxy":
+        for flag in (
+            "--engine-url",
+            "--model",
+            "--tokenizer-path",
+            "--proxy-id",
+            "--engine",
+            "--request-timeout",
+            "--chat-template-type",
+        ):
+            p.add_argument(flag)
+        a = p.parse_args(argv)
+        serve_tcp(a.host, a.port, a.ready_file, "proxy")
+
+
+if __name__ == "__main__":
+    main()
