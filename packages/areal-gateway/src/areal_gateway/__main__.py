@@ -1,0 +1,34 @@
+"""`areal-gateway`: parse flags (and the environment), then serve."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from areal_gateway.settings import PROG, SettingsError, load_settings, validate
+from areal_proto.service.logs import setup_logging
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+        validate(settings)
+    except (SettingsError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    setup_logging(settings.log_level, PROG)
+    from areal_gateway.server import serve
+
+    try:
+        code = serve(settings)
+    except OSError as exc:
+        print(
+            f"{PROG}: error: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

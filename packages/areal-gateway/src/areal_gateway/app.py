@@ -1,0 +1,91 @@
+"""`create_app(settings)`: the gateway's ASGI app (FastAPI, plain routes, no body models)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from areal_gateway import admin
+from areal_gateway.metrics import MetricsMiddleware
+from areal_gateway.openai import chat, completions, models
+from areal_gateway.openai.errors import error_response, install_error_handlers
+from areal_gateway.runtime import Gateway
+from areal_gateway.settings import Settings
+from areal_proto.service.errors import ServiceError
+
+
+async def health(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    status = "draining" if gw.draining else "ok"
+    body = {
+        "status": status,
+        "pid": gw.pid,
+        "instance": gw.instance,
+        "version": gw.version,
+        "mode": gw.settings.mode,
+    }
+    return Response(
+        orjson.dumps(body), status_code=503 if gw.draining else 200, media_type="application/json"
+    )
+
+
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    data, ctype = gw.metrics.render()
+    return Response(data, media_type=ctype)
+
+
+async def not_implemented(request: Request) -> Response:
+    return error_response(
+        ServiceError(
+            501,
+            f"{request.method} {request.url.path}: agent-mode endpoints are not implemented yet "
+            "(this gateway runs with --mode agent).",
+            type="not_implemented_error",
+            code="not_implemented",
+        )
+    )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    gateway = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    app = FastAPI(
+        title="areal-gateway",
+        version=gateway.version,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    install_error_handlers(app)
+    app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    if settings.mode == "inference":
+        app.include_router(chat.router)
+        app.include_router(completions.router)
+        app.include_router(models.router)
+        app.include_router(admin.router)
+    else:
+        app.add_api_route(
+            "/{path:path}",
+            not_implemented,
+            methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            include_in_schema=False,
+        )
+    app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
+    return app

@@ -1,0 +1,233 @@
+"""The only module that touches gRPC stubs (docs/services.md, "Internal gRPC calls").
+
+`RouterClient` wraps the router; `ProxyPool` hands out one `ProxyClient` per proxy address,
+each on one channel that every request to that address reuses. Every call carries the
+internal token as metadata (computed once, not per call). Failed calls surface as
+`ServiceError` (or its subclass `ProxyUnreachable`), never as `grpc.RpcError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.proxy.v1 import proxy_pb2_grpc
+from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+from areal_proto.service.auth import call_metadata
+from areal_proto.service.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
+
+log = logging.getLogger(__name__)
+
+# Seconds for router calls (routing, registry): these are cheap and never generate.
+ROUTER_TIMEOUT = 10.0
+
+# A restarted replica at the same address must be reachable again quickly: gRPC's default
+# reconnect back-off grows to 120 s.
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+# What grpc reports when it could not open a connection to the target at all.
+_CONNECT_FAILURE_MARKERS = (
+    "failed to connect",
+    "connection refused",
+    "connect failed",
+    "dns resolution failed",
+)
+
+
+class ProxyUnreachable(ServiceError):
+    """The proxy could not be reached: the call never started there, so it may go elsewhere."""
+
+    def __init__(self, address: str, detail: str) -> None:
+        super().__init__(503, f"proxy {address} is unreachable: {detail}", code="proxy_unreachable")
+        self.address = address
+
+
+def _has_detail(exc: grpc.RpcError) -> bool:
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == ERROR_METADATA_KEY for key, _ in trailing or ())
+
+
+def _is_connect_failure(exc: grpc.RpcError) -> bool:
+    if not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
+    return any(marker in details for marker in _CONNECT_FAILURE_MARKERS)
+
+
+def _proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceError:
+    """Map a failed proxy call: its own OpenAI error passes through; a transport failure is a
+    bad gateway (502), except that a refused connection before anything arrived is
+    `ProxyUnreachable` (retryable on another replica)."""
+    if _has_detail(exc):
+        return from_rpc_error(exc, target="proxy")
+    if not started and _is_connect_failure(exc):
+        return ProxyUnreachable(address, exc.details() or "connection failed")
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ServiceError(
+            502,
+            f"proxy {address} failed: {exc.details() or 'unavailable'}",
+            type="api_error",
+            code="upstream_error",
+        )
+    return from_rpc_error(exc, target=f"proxy {address}")
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class RouterClient:
+    """Plain async methods over the router's gRPC API."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.address = address
+        self._channel = _channel(address)
+        self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
+        self._md = call_metadata(token)
+
+    async def _call(self, method: Any, request: Any, timeout_s: float = ROUTER_TIMEOUT) -> Any:
+        try:
+            return await method(request, timeout=timeout_s, metadata=self._md)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, target="router") from None
+
+    async def route(
+        self,
+        model: str,
+        *,
+        session_id: str = "",
+        kind: int = router_pb2.PROXY_KIND_INFERENCE,
+        timeout_s: float = ROUTER_TIMEOUT,
+    ) -> router_pb2.RouteResponse:
+        req = router_pb2.RouteRequest(model=model, session_id=session_id, kind=kind)  # type: ignore[arg-type]
+        return await self._call(self._stub.Route, req, timeout_s)
+
+    async def list_models(self) -> list[router_pb2.ModelInfo]:
+        resp = await self._call(self._stub.ListModels, router_pb2.ListModelsRequest())
+        return list(resp.models)
+
+    async def list_proxies(self, model: str = "", kind: int = 0) -> list[router_pb2.ProxyInfo]:
+        req = router_pb2.ListProxiesRequest(model=model, kind=kind)  # type: ignore[arg-type]
+        resp = await self._call(self._stub.ListProxies, req)
+        return list(resp.proxies)
+
+    async def register_model(self, model: router_pb2.ModelInfo) -> None:
+        await self._call(self._stub.RegisterModel, router_pb2.RegisterModelRequest(model=model))
+
+    async def deregister_model(self, name: str) -> tuple[bool, list[str]]:
+        resp = await self._call(
+            self._stub.DeregisterModel, router_pb2.DeregisterModelRequest(name=name)
+        )
+        return bool(resp.existed), list(resp.proxy_ids)
+
+    async def register_proxy(self, proxy: router_pb2.ProxyInfo) -> None:
+        await self._call(self._stub.RegisterProxy, router_pb2.RegisterProxyRequest(proxy=proxy))
+
+    async def deregister_proxy(self, proxy_id: str) -> bool:
+        resp = await self._call(
+            self._stub.DeregisterProxy, router_pb2.DeregisterProxyRequest(proxy_id=proxy_id)
+        )
+        return bool(resp.existed)
+
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)
+
+
+class ProxyClient:
+    """The OpenAI calls of one data proxy, on one reused channel."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
+        self.address = address
+        self._channel = channel
+        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
+        self._md = tuple(md)
+
+    async def _unary(
+        self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> bytes:
+        call = method(request, timeout=timeout_s, metadata=self._md)
+        try:
+            resp = await call
+        except grpc.RpcError as exc:
+            raise _proxy_error(exc, self.address, started=False) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        return bytes(resp.body)
+
+    async def _stream(
+        self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> AsyncIterator[bytes]:
+        call = method(request, timeout=timeout_s, metadata=self._md)
+        started = False
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise _proxy_error(exc, self.address, started=started) from None
+                if msg is grpc.aio.EOF:
+                    return
+                started = True
+                yield bytes(msg.data)
+        finally:
+            # Client gone, consumer stopped, or an error: the proxy must see the cancellation.
+            if not call.done():
+                call.cancel()
+
+    async def chat_completion(
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> bytes:
+        return await self._unary(self._stub.ChatCompletion, request, timeout_s)
+
+    async def completion(
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> bytes:
+        return await self._unary(self._stub.Completion, request, timeout_s)
+
+    def chat_completion_stream(
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> AsyncIterator[bytes]:
+        return self._stream(self._stub.ChatCompletionStream, request, timeout_s)
+
+    def completion_stream(
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> AsyncIterator[bytes]:
+        return self._stream(self._stub.CompletionStream, request, timeout_s)
+
+
+class ProxyPool:
+    """One `ProxyClient` (one channel) per proxy address, made on first use and reused."""
+
+    def __init__(self, token: str) -> None:
+        self._md = call_metadata(token)
+        self._clients: dict[str, ProxyClient] = {}
+
+    def get(self, address: str) -> ProxyClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = ProxyClient(address, _channel(address), self._md)
+            self._clients[address] = client
+        return client
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def close(self, grace: float | None = None) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c._channel.close(grace) for c in clients), return_exceptions=True)

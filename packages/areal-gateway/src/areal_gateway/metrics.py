@@ -1,0 +1,140 @@
+"""Prometheus metrics of the gateway (`GET /metrics`), one registry per app.
+
+`MetricsMiddleware` is a plain ASGI wrapper (no BaseHTTPMiddleware): it counts requests by
+endpoint and status and times them, for every route including errors and streams.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+# Path -> endpoint label (aliases share one label; everything unknown is "other").
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/completions": "completions",
+    "/v1/models": "models",
+    "/health": "health",
+    "/metrics": "metrics",
+}
+
+
+def endpoint_label(path: str) -> str:
+    label = ENDPOINTS.get(path)
+    if label is not None:
+        return label
+    if path.startswith("/admin/"):
+        return "admin"
+    return "other"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "areal_gateway_requests_total",
+            "HTTP requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "areal_gateway_request_seconds",
+            "HTTP request duration (streams: until the last byte)",
+            ["endpoint"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "areal_gateway_inflight_requests", "HTTP requests in progress", ["endpoint"], registry=r
+        )
+        self.first_chunk = Histogram(
+            "areal_gateway_stream_first_chunk_seconds",
+            "Time from request to the first streamed chunk",
+            ["endpoint"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.stream_chunks = Counter(
+            "areal_gateway_stream_chunks_total", "SSE chunks written", ["endpoint"], registry=r
+        )
+        self.routed = Counter(
+            "areal_gateway_routed_total",
+            "Routing decisions by model and proxy",
+            ["model", "proxy_id"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "areal_gateway_errors_total",
+            "Errors returned, by HTTP status and code",
+            ["status", "code"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "areal_gateway_route_retries_total",
+            "New routes after a proxy refused the connection",
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "areal_gateway_client_disconnects_total",
+            "Generations cancelled because the client went away",
+            ["endpoint"],
+            registry=r,
+        )
+        self.external = Counter(
+            "areal_gateway_external_requests_total",
+            "Requests forwarded to external models, by upstream status",
+            ["status"],
+            registry=r,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self._inflight: dict[str, Any] = {}
+        self._latency: dict[str, Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        label = endpoint_label(scope["path"])
+        inflight = self._inflight.get(label)
+        if inflight is None:
+            inflight = self._inflight[label] = self.metrics.inflight.labels(label)
+            self._latency[label] = self.metrics.latency.labels(label)
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        inflight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            inflight.dec()
+            self._latency[label].observe(time.perf_counter() - start)
+            self.metrics.requests.labels(label, str(status)).inc()

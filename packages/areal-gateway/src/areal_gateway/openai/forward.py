@@ -1,0 +1,417 @@
+"""The generation path shared by chat and completions.
+
+    auth -> read body (size-capped) -> parse what the gateway acts on -> GenerationResponse
+
+`GenerationResponse` is an ASGI response that does the rest while watching for the client
+to go away: Route on the router -> the proxy's unary or streaming call on a reused channel
+(or the external model over the shared HTTP client). A client disconnect cancels the work,
+which cancels the gRPC call, which the proxy sees. Generation is never retried; only a proxy
+that refused the connection (the call never reached it) sends the request to a new Route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from areal_gateway.auth import Principal
+from areal_gateway.clients import ProxyClient, ProxyUnreachable
+from areal_gateway.openai.errors import bad_request, error_body
+from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frame
+from areal_gateway.runtime import Gateway
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.router.v1 import router_pb2
+from areal_proto.service.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+# New routes after a proxy refused the connection (the call never reached it).
+MAX_ROUTE_RETRIES = 2
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    label: str  # metrics label: "chat" or "completions"
+    external_path: str  # path under an external model's base_url
+    unary: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None], Any]
+    stream: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None], AsyncIterator[bytes]]
+
+
+# --- reading and parsing -------------------------------------------------------------------
+
+
+def _too_large(limit: int) -> ServiceError:
+    return ServiceError(
+        413,
+        f"Request body is larger than {limit} bytes.",
+        type="invalid_request_error",
+        code="body_too_large",
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing more than `limit` bytes (declared or actually sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise bad_request(
+                "Invalid Content-Length header.", code="invalid_content_length"
+            ) from None
+        if size > limit:
+            raise _too_large(limit)
+    parts: list[bytes] = []
+    total = 0
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(limit)
+                parts.append(chunk)
+    except ClientDisconnect:
+        raise ServiceError(499, "Client closed the request.", code="client_closed") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise bad_request("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(doc, dict):
+        raise bad_request(
+            f"Request body must be a JSON object, not {type(doc).__name__}.", code="invalid_body"
+        )
+    return doc
+
+
+def parse_model_and_stream(doc: dict[str, Any]) -> tuple[str, bool]:
+    model = doc.get("model")
+    if model is None:
+        raise bad_request(
+            "Missing required parameter: 'model'.", code="missing_required_parameter", param="model"
+        )
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string.", code="invalid_type", param="model")
+    stream = doc.get("stream")
+    if stream is None:
+        stream = False
+    elif not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean.", code="invalid_type", param="stream")
+    return model, stream
+
+
+def request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given and len(given) <= 128 and given.isprintable():
+        return given
+    return os.urandom(12).hex()
+
+
+# --- the response -----------------------------------------------------------------------------
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class GenerationResponse(Response):
+    """Routes and forwards one generation request as the ASGI response itself.
+
+    A `Response` only so that FastAPI passes it through untouched; it writes its own status,
+    headers and body (the status is known only once the proxy answered).
+    """
+
+    background = None
+
+    def __init__(
+        self,
+        gw: Gateway,
+        endpoint: Endpoint,
+        principal: Principal,
+        request_id: str,
+        model: str,
+        stream: bool,
+        body: bytes,
+        doc: dict[str, Any],
+    ) -> None:
+        self.gw = gw
+        self.endpoint = endpoint
+        self.principal = principal
+        self.request_id = request_id
+        self.model = model
+        self.stream = stream
+        self.raw_body = body
+        self.doc = doc
+        self.start = time.monotonic()
+        timeout = gw.settings.request_timeout
+        self.deadline = self.start + timeout
+        self.deadline_unix_ms = int((time.time() + timeout) * 1000)
+        self._headers_sent = False
+
+    def remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ServiceError(504, "The request timed out.", code="deadline_exceeded")
+        return left
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.ensure_future(self._run(send))
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            work.cancel()
+            watch.cancel()
+            raise
+        if work in done:
+            watch.cancel()
+            work.result()
+            return
+        # The client went away: cancel the generation (and with it the gRPC call).
+        work.cancel()
+        self.gw.metrics.disconnects.labels(self.endpoint.label).inc()
+        log.info("request %s: client disconnected, generation cancelled", self.request_id)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+
+    # -- sending --
+    async def _send_error(self, send: Send, err: ServiceError) -> None:
+        self.gw.metrics.errors.labels(str(err.http_status), err.code or "").inc()
+        if self._headers_sent:
+            await send({"type": "http.response.body", "body": error_frame(err) + DONE})
+            return
+        await self._send_whole(send, err.http_status, error_body(err))
+
+    async def _send_whole(self, send: Send, status: int, body: bytes) -> None:
+        self._headers_sent = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    *_JSON_HEADERS,
+                    (b"x-request-id", self.request_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _start_stream(self, send: Send, status: int = 200) -> None:
+        self._headers_sent = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*SSE_HEADERS, (b"x-request-id", self.request_id.encode())],
+            }
+        )
+
+    # -- the work --
+    def _envelope(self) -> envelope_pb2.OpenAIRequest:
+        p = self.principal
+        return envelope_pb2.OpenAIRequest(
+            envelope=envelope_pb2.Envelope(
+                request_id=self.request_id,
+                api_key=p.api_key,
+                model=self.model,
+                stream=self.stream,
+                deadline_unix_ms=self.deadline_unix_ms,
+                session_id=p.session_id,
+                is_admin=p.is_admin,
+            ),
+            body=self.raw_body,
+        )
+
+    async def _run(self, send: Send) -> None:
+        try:
+            external = self.gw.catalog.external(self.model)
+            if external is not None:
+                await self._external(send, external)
+                return
+            await self._internal(send)
+        except ServiceError as err:
+            if err.http_status >= 500:
+                log.warning("request %s (%s): %s", self.request_id, self.model, err.message)
+            await self._send_error(send, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("request %s: unexpected error", self.request_id)
+            await self._send_error(
+                send,
+                ServiceError(
+                    500,
+                    f"Internal error in the gateway ({type(exc).__name__}).",
+                    type="api_error",
+                    code="internal_error",
+                ),
+            )
+
+    async def _internal(self, send: Send) -> None:
+        gw = self.gw
+        request = self._envelope()
+        retries = 0
+        while True:
+            route = await gw.router.route(
+                self.model,
+                session_id=self.principal.session_id,
+                timeout_s=min(self.remaining(), 10.0),
+            )
+            if route.model.kind == router_pb2.MODEL_KIND_EXTERNAL:
+                await self._external(send, route.model)
+                return
+            if not route.address:
+                raise ServiceError(
+                    503,
+                    f"No healthy replica for model {self.model!r}.",
+                    code="no_healthy_replica",
+                )
+            gw.metrics.routed.labels(self.model, route.proxy_id).inc()
+            client = gw.proxies.get(route.address)
+            try:
+                if self.stream:
+                    await self._stream_from(
+                        send, self.endpoint.stream(client, request, self.remaining())
+                    )
+                else:
+                    body = await self.endpoint.unary(client, request, self.remaining())
+                    await self._send_whole(send, 200, body)
+                return
+            except ProxyUnreachable as err:
+                # Nothing reached the proxy: another replica may take it.
+                if retries >= MAX_ROUTE_RETRIES or self._headers_sent:
+                    raise
+                retries += 1
+                gw.metrics.retries.inc()
+                log.warning(
+                    "request %s: %s; routing again (%d/%d)",
+                    self.request_id,
+                    err.message,
+                    retries,
+                    MAX_ROUTE_RETRIES,
+                )
+
+    async def _stream_from(self, send: Send, chunks: AsyncIterator[bytes]) -> None:
+        metrics = self.gw.metrics
+        counter = metrics.stream_chunks.labels(self.endpoint.label)
+        try:
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                await self._start_stream(send)
+                await send({"type": "http.response.body", "body": DONE})
+                return
+            # Errors before this point are plain HTTP errors with their status.
+            metrics.first_chunk.labels(self.endpoint.label).observe(time.monotonic() - self.start)
+            await self._start_stream(send)
+            await send({"type": "http.response.body", "body": frame(first), "more_body": True})
+            counter.inc()
+            try:
+                async for data in chunks:
+                    await send(
+                        {"type": "http.response.body", "body": frame(data), "more_body": True}
+                    )
+                    counter.inc()
+            except ServiceError as err:
+                log.warning("request %s: stream failed: %s", self.request_id, err.message)
+                await self._send_error(send, err)
+                return
+            await send({"type": "http.response.body", "body": DONE})
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _external(self, send: Send, model: router_pb2.ModelInfo) -> None:
+        if not self.principal.is_admin:
+            raise ServiceError(
+                403,
+                f"Model {self.model!r} is an external model; only the admin key may use it.",
+                code="external_model_forbidden",
+            )
+        fwd = self.gw.external
+        resp = await fwd.send(model, self.endpoint.external_path, self.doc, self.remaining())
+        self.gw.metrics.external.labels(str(resp.status_code)).inc()
+        ctype = resp.headers.get("content-type", "")
+        if not self.stream or resp.status_code != 200 or "text/event-stream" not in ctype:
+            body = await fwd.read(resp, model.name)
+            await self._send_upstream_whole(send, resp.status_code, body, ctype)
+            return
+        await self._start_stream(send)
+        try:
+            async for chunk in fwd.iter_bytes(resp, model.name):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except ServiceError as err:
+            await self._send_error(send, err)
+            return
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _send_upstream_whole(self, send: Send, status: int, body: bytes, ctype: str) -> None:
+        if status < 400 or _is_openai_error(body):
+            self._headers_sent = True
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", (ctype or "application/json").encode("latin-1")),
+                        (b"x-request-id", self.request_id.encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        raise ServiceError(
+            502,
+            f"External model {self.model!r} answered {status}.",
+            type="api_error",
+            code="upstream_error",
+        )
+
+
+def _is_openai_error(body: bytes) -> bool:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("error"), dict)
+
+
+# --- the endpoint body shared by chat and completions ---------------------------------------------
+
+
+async def handle(
+    request: Request,
+    endpoint: Endpoint,
+    check: Callable[[dict[str, Any]], None],
+) -> GenerationResponse:
+    gw: Gateway = request.app.state.gateway
+    principal = gw.auth.principal(request)
+    body = await read_body(request, gw.settings.max_body_bytes)
+    doc = parse_object(body)
+    model, stream = parse_model_and_stream(doc)
+    check(doc)
+    return GenerationResponse(
+        gw, endpoint, principal, request_id(request), model, stream, body, doc
+    )

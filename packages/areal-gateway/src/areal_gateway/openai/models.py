@@ -1,0 +1,58 @@
+"""`GET /v1/models` in the OpenAI list schema (works with `client.models.list()`).
+
+From the router's ListModels, cached for at most one second. External models are listed
+only to the admin key (a session key may not use them).
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from areal_gateway.runtime import Gateway
+from areal_proto.router.v1 import router_pb2
+from areal_proto.service.errors import ServiceError
+
+router = APIRouter()
+
+
+def _model_object(m: router_pb2.ModelInfo) -> dict[str, object]:
+    external = m.kind == router_pb2.MODEL_KIND_EXTERNAL
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": int(m.created_unix_s),
+        "owned_by": "external" if external else "areal",
+    }
+
+
+async def list_models(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    principal = gw.auth.principal(request)
+    models = await gw.catalog.list()
+    data = [
+        _model_object(m)
+        for m in sorted(models, key=lambda m: m.name)
+        if principal.is_admin or m.kind != router_pb2.MODEL_KIND_EXTERNAL
+    ]
+    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+
+async def retrieve_model(request: Request, name: str) -> Response:
+    gw: Gateway = request.app.state.gateway
+    principal = gw.auth.principal(request)
+    for m in await gw.catalog.list():
+        if m.name == name and (principal.is_admin or m.kind != router_pb2.MODEL_KIND_EXTERNAL):
+            return Response(orjson.dumps(_model_object(m)), media_type="application/json")
+    raise ServiceError(
+        404, f"The model {name!r} does not exist.", code="model_not_found", param="model"
+    )
+
+
+router.add_api_route("/v1/models", list_models, methods=["GET"], include_in_schema=False)
+router.add_api_route("/models", list_models, methods=["GET"], include_in_schema=False)
+router.add_api_route(
+    "/v1/models/{name:path}", retrieve_model, methods=["GET"], include_in_schema=False
+)

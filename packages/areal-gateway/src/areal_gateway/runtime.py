@@ -1,0 +1,88 @@
+"""What one running gateway holds: settings, the key check, clients, caches, metrics.
+
+Built once per app and reached by the endpoints as `request.app.state.gateway`. The gRPC
+channels and the HTTP client are made inside the serving event loop (`start`) and closed by
+`aclose` (idempotent), the last step of a shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+
+from areal_gateway import __version__
+from areal_gateway.auth import Authenticator
+from areal_gateway.catalog import ModelCatalog
+from areal_gateway.clients import ProxyPool, RouterClient
+from areal_gateway.external import ExternalForwarder
+from areal_gateway.metrics import Metrics
+from areal_gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.version = __version__
+        self.pid = os.getpid()
+        # Lets the CLI check that the port it polls is served by the process it started.
+        self.instance = secrets.token_hex(8)
+        self.started_at = time.time()
+        self.auth = Authenticator(settings.admin_api_key)
+        self.metrics = Metrics()
+        self.draining = False
+        self._router: RouterClient | None = None
+        self._proxies: ProxyPool | None = None
+        self._catalog: ModelCatalog | None = None
+        self._external: ExternalForwarder | None = None
+        self._closed = False
+
+    # The clients exist between start() and aclose(); endpoints only run in between.
+    @property
+    def router(self) -> RouterClient:
+        assert self._router is not None, "gateway not started"
+        return self._router
+
+    @property
+    def proxies(self) -> ProxyPool:
+        assert self._proxies is not None, "gateway not started"
+        return self._proxies
+
+    @property
+    def catalog(self) -> ModelCatalog:
+        assert self._catalog is not None, "gateway not started"
+        return self._catalog
+
+    @property
+    def external(self) -> ExternalForwarder:
+        assert self._external is not None, "gateway not started"
+        return self._external
+
+    async def start(self) -> None:
+        if self._router is not None:
+            return
+        token = self.settings.internal_token
+        self._router = RouterClient(self.settings.router_addr, token)
+        self._proxies = ProxyPool(token)
+        self._catalog = ModelCatalog(self._router)
+        self._external = ExternalForwarder()
+
+    async def aclose(self, grace: float | None = None) -> None:
+        if self._closed or self._router is None:
+            self._closed = True
+            return
+        self._closed = True
+        assert self._catalog is not None and self._proxies is not None
+        assert self._external is not None
+        await self._catalog.aclose()
+        await asyncio.gather(
+            self._proxies.close(grace),
+            self._router.close(grace),
+            self._external.aclose(),
+            return_exceptions=True,
+        )
+        log.info("clients closed")

@@ -1,0 +1,152 @@
+"""`serve(settings)`: run the gateway until SIGTERM/SIGINT, then shut down in order.
+
+The socket is bound here (so `--port 0` works and the real port is known), handed to uvicorn
+(httptools and uvloop when importable), and the ready file is written once the app serves.
+Signals are handled here, not by uvicorn: uvicorn would re-raise the signal after its
+shutdown and the process would not exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import math
+import signal
+import socket
+from collections.abc import Callable, Generator
+from typing import Any
+
+import uvicorn
+
+from areal_gateway.app import create_app
+from areal_gateway.runtime import Gateway
+from areal_gateway.settings import Settings, validate
+from areal_proto.service.logs import mask
+from areal_proto.service.ready import write_ready_file
+
+log = logging.getLogger("areal_gateway.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (`serve` owns SIGTERM/SIGINT)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def http_impl() -> str:
+    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def make_server(settings: Settings, app: Any) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        http=http_impl(),
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=max(0, math.ceil(settings.drain_timeout)),
+        timeout_keep_alive=30,
+    )
+    return _Server(config)
+
+
+async def shutdown(
+    server: uvicorn.Server, serving: asyncio.Task[None], gateway: Gateway, settings: Settings
+) -> None:
+    """The ordered steps of a graceful stop."""
+    # 1. Health answers "draining" (503) so a load balancer or the CLI sees us going.
+    gateway.draining = True
+    log.info("shutting down: draining in-flight requests (up to %.1f s)", settings.drain_timeout)
+    # 2. Stop accepting; uvicorn closes the listener and idle connections, waits for in-flight
+    #    responses up to the drain timeout, cancels what is left, then runs the app's lifespan
+    #    shutdown.
+    server.should_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    # 3. Close the router/proxy channels and the external HTTP client (no-op when the
+    #    lifespan shutdown already did).
+    await gateway.aclose()
+    log.info("stopped")
+
+
+async def run(settings: Settings) -> int:
+    validate(settings)
+    loop = asyncio.get_running_loop()
+    sock = bind_socket(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    app = create_app(settings)
+    gateway: Gateway = app.state.gateway
+    server = make_server(settings, app)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.005)
+        if serving.done():
+            serving.result()  # startup failed: raise what uvicorn raised
+            log.error("the server stopped during startup")
+            return 1
+        write_ready_file(
+            settings.ready_file or None,
+            host=settings.host,
+            port=port,
+            version=gateway.version,
+            mode=settings.mode,
+            instance=gateway.instance,
+            router_addr=settings.router_addr,
+        )
+        log.info(
+            "listening on http://%s:%d (mode %s, router %s, admin key %s, http %s)",
+            settings.host,
+            port,
+            settings.mode,
+            settings.router_addr,
+            mask(settings.admin_api_key),
+            http_impl(),
+        )
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((stopper, serving), return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        await shutdown(server, serving, gateway, settings)
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        sock.close()
+
+
+def serve(settings: Settings) -> int:
+    """Run until stopped; the exit status (0 after a graceful stop)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(run(settings))

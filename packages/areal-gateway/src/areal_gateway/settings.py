@@ -1,0 +1,102 @@
+"""Every setting of the gateway, each default once (docs/services.md, "Flags per binary").
+
+Flags are generated from the dataclass by `areal_proto.service.settings.parse_settings`;
+each field can also come from `AREAL_GATEWAY_<FIELD>`. Secrets never come from argv: the
+admin key is read from `AREAL_ADMIN_API_KEY`, the internal token from `AREAL_INTERNAL_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from areal_gateway import __version__
+from areal_proto.service.auth import TOKEN_ENV
+from areal_proto.service.settings import parse_settings
+
+PROG = "areal-gateway"
+ENV_PREFIX = "AREAL_GATEWAY_"
+ADMIN_KEY_ENV = "AREAL_ADMIN_API_KEY"
+# The key the docs show in examples; refused when the gateway listens beyond loopback.
+DEFAULT_ADMIN_KEY = "areal-admin-key"
+MODES = ("inference", "agent")
+
+
+@dataclass
+class Settings:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=0, metadata={"help": "port to listen on; 0 = the OS picks"})
+    log_level: str = field(
+        default="info",
+        metadata={"help": "log level", "choices": ["debug", "info", "warning", "error"]},
+    )
+    ready_file: str = field(
+        default="", metadata={"help": "write {pid, host, port, ...} here once listening"}
+    )
+    router_addr: str = field(default="", metadata={"help": "host:port of the router (required)"})
+    mode: str = field(
+        default="inference", metadata={"help": "inference or agent", "choices": list(MODES)}
+    )
+    max_body_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "larger request bodies get 413"}
+    )
+    request_timeout: float = field(
+        default=3600.0, metadata={"help": "seconds; the deadline put in each request envelope"}
+    )
+    drain_timeout: float = field(
+        default=10.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"}
+    )
+    # Secrets: environment only (see load_settings).
+    admin_api_key: str = field(default="", repr=False, metadata={"secret": True})
+    internal_token: str = field(default="", repr=False, metadata={"secret": True})
+
+
+class SettingsError(ValueError):
+    """Settings the gateway refuses to start with (message is shown to the operator)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def validate(settings: Settings) -> None:
+    if not settings.router_addr:
+        raise SettingsError("--router-addr is required (host:port of the router)")
+    if not settings.admin_api_key:
+        raise SettingsError(f"the admin key is required: set {ADMIN_KEY_ENV} in the environment")
+    if settings.admin_api_key == DEFAULT_ADMIN_KEY and not is_loopback(settings.host):
+        raise SettingsError(
+            f"refusing to listen on {settings.host} with the documented default admin key "
+            f"{DEFAULT_ADMIN_KEY!r}: set {ADMIN_KEY_ENV} to a secret value, or bind to 127.0.0.1"
+        )
+    if settings.max_body_bytes < 1:
+        raise SettingsError("--max-body-bytes must be at least 1")
+    if settings.request_timeout <= 0:
+        raise SettingsError("--request-timeout must be positive")
+    if settings.drain_timeout < 0:
+        raise SettingsError("--drain-timeout must not be negative")
+
+
+def load_settings(argv: Sequence[str] | None = None) -> Settings:
+    """Flags > AREAL_GATEWAY_* > defaults; secrets from the environment only."""
+    settings = parse_settings(
+        Settings,
+        argv,
+        prog=PROG,
+        env_prefix=ENV_PREFIX,
+        version=__version__,
+        description="areal gateway: OpenAI API and admin API over the router and data proxies",
+    )
+    return dataclasses.replace(
+        settings,
+        admin_api_key=os.environ.get(ADMIN_KEY_ENV, "") or settings.admin_api_key,
+        internal_token=os.environ.get(TOKEN_ENV, "") or settings.internal_token,
+    )
