@@ -125,5 +125,11 @@ class PromptBuilder:
                 messages[:previous_messages], tools=tools, add_generation_prompt=False, extra=extra
             )
             if full.startswith(head):
-                return [*previous_ids, *self._tok.encode(full[len(head) :])]
+                # The previous answer's tokens end at its end-of-turn token; what the
+                # template writes after it (a newline, say) was never generated: keep it.
+                cut = len(head)
+                eos = self._tok.eos_token
+                if eos and (at := head.rfind(eos)) >= 0:
+                    cut = at + len(eos)
+                return [*previous_ids, *self._tok.encode(full[cut:])]
         return self._tok.encode(self.render(messages, tools, extra))

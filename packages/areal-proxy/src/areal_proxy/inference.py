@@ -65,12 +65,12 @@ class InferenceHandler:
 
     # ---- request preparation -----------------------------------------------------------
 
-    def _budget(self, prompt_len: int, requested: int | None, param: str) -> int:
+    def _budget(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         ctx = self.context_length
         if ctx and prompt_len >= ctx:
             raise bad(
                 f"the prompt is {prompt_len} tokens; this model's context length is {ctx}",
-                param,
+                prompt_param,
                 "context_length_exceeded",
             )
         budget = (
@@ -173,7 +173,7 @@ class InferenceHandler:
         prompt = self.chat_prompt(req)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
         )
         try:
             await self.controller.generate(rec, template)
@@ -217,7 +217,7 @@ class InferenceHandler:
         prompt = self.chat_prompt(req)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
         )
         parser = make_output_parser(
             self.config.tool_call_parser if req.parse_tools else "",
@@ -305,7 +305,7 @@ class InferenceHandler:
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
         rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "prompt")
         )
         try:
             await self.controller.generate(rec, template)
@@ -342,7 +342,7 @@ class InferenceHandler:
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
         rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "max_tokens")
+            prompt, self._budget(len(prompt), req.sampling.max_tokens, "prompt")
         )
         rid, created, model = out.response_id("cmpl"), int(time.time()), self.config.model
         pending = self._echo_text(req, prompt)
