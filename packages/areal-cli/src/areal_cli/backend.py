@@ -86,13 +86,13 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> list[int]:
             part = part.strip()
             if not part:
                 continue
+            if part.startswith("-") and part[1:].isdigit():
+                break  # "-1" hides every device from there on
             if not part.isdigit():
                 # UUIDs / MIG names cannot be mixed with indices here.
                 raise CLIError(
                     f"CUDA_VISIBLE_DEVICES={cvd!r}: only comma-separated GPU indices are supported"
                 )
-            if int(part) < 0:  # "-1" hides every device
-                break
             out.append(int(part))
         return out
     smi = shutil.which("nvidia-smi")

@@ -46,12 +46,15 @@ def _cfg(ctx: typer.Context):
 
 @app.command()
 def ps(
+    ctx: typer.Context,
     as_json: Json = False,
     all_: Annotated[bool, typer.Option("--all", help="Include stale services.")] = False,
 ) -> None:
     """List agent services on this machine."""
     from areal_cli import lifecycle
 
+    if ctx.obj is not None:
+        _cfg(ctx)  # an explicit --config is validated even where no key applies
     raise typer.Exit(lifecycle.ps("agent", as_json=as_json, include_stale=all_))
 
 

@@ -203,12 +203,15 @@ def models(ctx: typer.Context, service: Service = None, as_json: Json = False) -
 
 @app.command()
 def ps(
+    ctx: typer.Context,
     as_json: Json = False,
     all_: Annotated[bool, typer.Option("--all", help="Include stale services.")] = False,
 ) -> None:
     """List inference services on this machine."""
     from areal_cli import lifecycle
 
+    if ctx.obj is not None:
+        _cfg(ctx)  # an explicit --config is validated even where no key applies
     raise typer.Exit(lifecycle.ps("inf", as_json=as_json, include_stale=all_))
 
 

@@ -1,0 +1,474 @@
+"""The `areal` command end to end with stand-in binaries (tests/fakes/fake_service.py).
+
+The real binaries are exercised by tests/cli; here the CLI's own logic is tested:
+assembly order, state, secrets, failure cleanup, foreground teardown, races.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from conftest import service_pids
+
+from areal_cli import state as st
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_gone(home, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while service_pids(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return service_pids(home)
+
+
+@pytest.fixture
+def clean(fakes):
+    yield fakes
+    left = _wait_gone(fakes.home, 5)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left behind: {left}"
+
+
+def _wait_running(f, service="default", timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = f.cli("inf", "ps", "--json")
+        rows = [x for x in json.loads(r.out or "[]") if x["service"] == service]
+        if rows and rows[0]["status"] == "running":
+            return rows[0]
+        time.sleep(0.1)
+    raise AssertionError("service did not become running")
+
+
+def test_help_and_version(fakes):
+    r = fakes.cli("--help")
+    assert r.code == 0 and "inf" in r.out and "train" in r.out
+    for cmd in ("run", "register", "deregister", "models", "ps", "status", "logs", "stop"):
+        r = fakes.cli("inf", cmd, "--help")
+        assert r.code == 0, (cmd, r.err)
+    assert "Return once every component is healthy" in fakes.cli("inf", "run", "--help").out
+    assert fakes.cli("--version").out.startswith("areal ")
+
+
+def test_startup_imports_nothing_heavy():
+    code = (
+        "import sys; import areal_cli.main; "
+        "bad = [m for m in ('pydantic', 'rich', 'httpx', 'urllib.request', 'http.client', "
+        "'tomllib', 'areal_cli.inf.launch', 'areal_cli.lifecycle') if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_errors_are_one_line_without_traceback(fakes):
+    r = fakes.cli("inf", "status", "--service", "nope")
+    assert r.code == 1
+    assert r.err.startswith("error: no inf service named 'nope'")
+    assert r.err.count("\n") == 1 and "Traceback" not in r.err
+    r = fakes.cli("inf", "run", "--backend", "sglang:d1")
+    assert r.code == 2 and "model registration flags require --model." in r.err
+    r = fakes.cli("inf", "stop", "--service", "../x")
+    assert r.code == 2 and r.err.count("\n") == 1
+
+
+def test_full_lifecycle_detached(clean):
+    f = clean
+    port = _port()
+    t0 = time.monotonic()
+    r = f.cli(
+        "inf",
+        "run",
+        "--service",
+        "default",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--admin-api-key",
+        "areal-admin-key",
+        "--scheduler",
+        "local",
+        "--detach",
+        "--model",
+        "m1",
+        "--backend",
+        "sglang:d2",
+        "--model-path",
+        "models/tiny-parrot",
+        "--proxy-args",
+        "--request-timeout 120 --chat-template-type hf",
+    )
+    assert r.code == 0, r.err
+    assert time.monotonic() - t0 < 20
+    s = st.load("inf", "default")
+    assert s["phase"] == "running" and s["scheduler"] == "local"
+    assert set(s["components"]) == {
+        "gateway",
+        "router",
+        "m1-worker-0",
+        "m1-worker-1",
+        "m1-data-proxy-0",
+        "m1-data-proxy-1",
+    }
+    for c in s["components"].values():
+        assert {"pid", "pgid", "start_time", "argv", "host", "port", "log"} <= set(c)
+        assert c["pid"] == c["pgid"]
+        assert os.path.isfile(c["log"])
+        assert "areal-admin-key" not in " ".join(c["argv"])
+    text = st.state_path("inf", "default").read_text()
+    assert "areal-admin-key" not in text and "internal_token" not in text
+    assert stat.S_IMODE(st.secrets_path("inf", "default").stat().st_mode) == 0o600
+    proxy_argv = s["components"]["m1-data-proxy-1"]["argv"]
+    assert proxy_argv[-4:] == ["--request-timeout", "120", "--chat-template-type", "hf"]
+    assert "--proxy-id" in proxy_argv and "m1-data-proxy-1" in proxy_argv
+    engine_argv = s["components"]["m1-worker-0"]["argv"]
+    assert "--device" in engine_argv and "cpu" in engine_argv  # SGLANG_CPU_ARGS: no GPU here
+    gw_argv = s["components"]["gateway"]["argv"]
+    assert gw_argv[gw_argv.index("--router-addr") + 1] == s["router"]["address"]
+
+    row = _wait_running(f)
+    assert row["gateway"] == f"http://127.0.0.1:{port}" and row["models"] == ["m1"]
+    doc = json.loads(f.cli("inf", "status", "--service", "default", "--json").out)
+    assert doc["gateway"]["url"] == f"http://127.0.0.1:{port}" and doc["gateway"]["healthy"]
+    assert len(doc["models"][0]["replicas"]) == 2
+    models = json.loads(f.cli("inf", "models", "--service", "default", "--json").out)["models"]
+    assert models[0]["name"] == "m1" and models[0]["registered"] and len(models[0]["workers"]) == 2
+    assert "m1" in f.cli("inf", "models", "--service", "default").out
+
+    r = f.cli(
+        "inf",
+        "register",
+        "--service",
+        "default",
+        "--model-name",
+        "m2",
+        "--backend",
+        "sglang:d1",
+        "--model-path",
+        "models/tiny-parrot",
+    )
+    assert r.code == 0, r.err
+    assert "m2-data-proxy-0" in st.load("inf", "default")["components"]
+    r = f.cli("inf", "register", "--model-name", "m2", "--model-path", "x")
+    assert r.code == 1 and "already registered" in r.err
+
+    r = f.cli("inf", "logs", "--service", "default", "--component", "gateway", "-n", "100")
+    assert r.code == 0 and "gateway listening" in r.out
+    r = f.cli("inf", "logs", "--service", "default", "--component", "nope")
+    assert r.code == 1 and "available: gateway, m1-data-proxy-0" in r.err
+
+    r = f.cli("inf", "deregister", "--service", "default", "--model-name", "m2")
+    assert r.code == 0, r.err
+    s = st.load("inf", "default")
+    assert "m2" not in s["models"] and "m2-worker-0" not in s["components"]
+    names = [m["name"] for m in json.loads(f.cli("inf", "models", "--json").out)["models"]]
+    assert names == ["m1"]
+    r = f.cli("inf", "deregister", "--model-name", "m2")
+    assert r.code == 1 and "not registered" in r.err
+
+    r = f.cli("inf", "run", "--port", str(_port()), "--detach")
+    assert r.code == 1 and "already running" in r.err
+
+    t0 = time.monotonic()
+    r = f.cli("inf", "stop", "--service", "default")
+    assert r.code == 0, r.err
+    assert time.monotonic() - t0 < 5
+    assert st.load("inf", "default") is None
+    assert not _wait_gone(f.home, 2)
+    assert f.cli("inf", "ps", "--all", "--json").out.strip() == "[]"
+
+
+def test_config_file_values_apply(clean, tmp_path):
+    f = clean
+    port = _port()
+    extra = tmp_path / "inf.toml"
+    extra.write_text(
+        f'[default]\nservice = "cfgsvc"\n[launch]\ngateway_port = {port}\n'
+        'routing_strategy = "least_loaded"\n'
+        '[register.internal]\nbackend = "sglang:d1"\nmodel_path = "models/tiny-parrot"\n'
+        'proxy_args = "--chat-template-type concat"\n'
+    )
+    r = f.cli("inf", "--config", str(extra), "run", "--detach", "--model", "mc")
+    assert r.code == 0, r.err
+    s = st.load("inf", "cfgsvc")
+    assert s["gateway"]["port"] == port
+    assert s["components"]["router"]["argv"][-2:] == ["--policy", "least_loaded"]
+    assert s["components"]["mc-data-proxy-0"]["argv"][-2:] == ["--chat-template-type", "concat"]
+    assert f.cli("inf", "--config", str(extra), "stop").code == 0
+
+
+def test_foreground_ctrl_c_and_sigterm_tear_down(clean):
+    f = clean
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = f.popen("inf", "run", "--port", str(_port()), "--admin-api-key", "k")
+        _wait_running(f)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert st.load("inf", "default") is None
+        assert not _wait_gone(f.home, 2)
+
+
+def test_foreground_component_death_tears_down(clean):
+    f = clean
+    p = f.popen("inf", "run", "--port", str(_port()), "--model", "m", "--model-path", "x")
+    _wait_running(f)
+    pid = st.load("inf", "default")["components"]["m-worker-0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1
+    assert "m-worker-0 died" in err and "service torn down" in err
+    assert st.load("inf", "default") is None
+    assert not _wait_gone(f.home, 2)
+
+
+def test_stop_from_elsewhere_ends_foreground(clean):
+    f = clean
+    p = f.popen("inf", "run", "--port", str(_port()))
+    _wait_running(f)
+    assert f.cli("inf", "stop").code == 0
+    p.communicate(timeout=30)
+    assert p.returncode == 0
+
+
+def test_sigkill_component_shows_degraded(clean):
+    f = clean
+    assert (
+        f.cli(
+            "inf", "run", "--port", str(_port()), "--detach", "--model", "m", "--model-path", "x"
+        ).code
+        == 0
+    )
+    os.kill(st.load("inf", "default")["components"]["m-data-proxy-0"]["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    rows = json.loads(f.cli("inf", "ps", "--json").out)
+    assert rows[0]["status"] == "degraded" and rows[0]["dead"] == ["m-data-proxy-0"]
+    assert "degraded" in f.cli("inf", "ps").out
+    assert f.cli("inf", "stop", "--force").code == 0
+
+
+def test_killed_foreground_cli_then_force_kills_orphans(clean):
+    f = clean
+    p = f.popen("inf", "run", "--port", str(_port()))
+    _wait_running(f)
+    old = st.load("inf", "default")["components"]
+    p.kill()
+    p.communicate()
+    assert len(service_pids(f.home)) == 2  # orphans, still recorded
+    r = f.cli("inf", "run", "--port", str(_port()), "--detach")
+    assert r.code == 1 and "--force" in r.err
+    r = f.cli("inf", "run", "--port", str(_port()), "--detach", "--force")
+    assert r.code == 0, r.err
+    for c in old.values():
+        assert not os.path.exists(f"/proc/{c['pid']}") or c["pid"] not in service_pids(f.home)
+    assert f.cli("inf", "stop").code == 0
+
+
+def test_stale_state_shown_by_ps_all_and_cleaned_by_stop(clean):
+    f = clean
+    assert f.cli("inf", "run", "--port", str(_port()), "--detach").code == 0
+    os.kill(st.load("inf", "default")["components"]["gateway"]["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    assert json.loads(f.cli("inf", "ps", "--json").out) == []
+    assert json.loads(f.cli("inf", "ps", "--all", "--json").out)[0]["status"] == "stale"
+    assert f.cli("inf", "stop").code == 0
+    assert st.load("inf", "default") is None
+
+
+def test_two_concurrent_runs_one_wins(clean):
+    f = clean
+    ports = [_port(), _port()]
+    procs = [f.popen("inf", "run", "--port", str(p), "--detach") for p in ports]
+    results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+    codes = sorted(r[2] for r in results)
+    assert codes == [0, 1], results
+    loser = next(r for r in results if r[2] == 1)
+    assert "busy" in loser[1] or "already running" in loser[1]
+    assert f.cli("inf", "stop").code == 0
+
+
+def test_port_in_use_fails_before_starting_anything(clean):
+    f = clean
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = f.cli("inf", "run", "--port", str(s.getsockname()[1]), "--detach")
+    assert r.code == 1 and "already in use" in r.err
+    assert st.load("inf", "default") is None
+
+
+def test_missing_binary_on_path(clean, tmp_path):
+    f = clean
+    (f.home / "inf" / "config.toml").unlink()
+    r = f.cli("inf", "run", "--detach", "--port", str(_port()), env={"PATH": str(tmp_path)})
+    assert r.code == 1 and "areal-router not found on PATH" in r.err
+    assert st.load("inf", "default") is None
+
+
+@pytest.mark.parametrize("role", ["router", "gateway", "proxy"])
+def test_component_crash_at_launch_cleans_up(clean, role):
+    f = clean
+    r = f.cli(
+        "inf",
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        "--model",
+        "m",
+        "--model-path",
+        "x",
+        env={"FAKE_CRASH": role},
+    )
+    assert r.code == 1
+    assert "failed to start: process exited (code 3)" in r.err
+    assert "crashing as asked" in r.err and "log: " in r.err
+    assert st.load("inf", "default") is None
+    assert not _wait_gone(f.home, 3)
+
+
+def test_engine_crash_via_bad_engine_args(clean):
+    f = clean
+    r = f.cli(
+        "inf",
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        "--model",
+        "m",
+        "--model-path",
+        "x",
+        "--engine-args",
+        "--no-such-flag 1",
+    )
+    assert r.code == 1
+    assert "m-worker-0 failed to start" in r.err and "unrecognized arguments" in r.err
+    assert "m-worker-0.log" in r.err
+    assert st.load("inf", "default") is None
+
+
+def test_register_failure_keeps_service(clean):
+    f = clean
+    assert f.cli("inf", "run", "--port", str(_port()), "--detach").code == 0
+    r = f.cli(
+        "inf", "register", "--model-name", "bad", "--model-path", "x", "--engine-args", "--nope"
+    )
+    assert r.code == 1 and "bad-worker-0 failed to start" in r.err
+    s = st.load("inf", "default")
+    assert set(s["components"]) == {"gateway", "router"} and s["models"] == {}
+    assert json.loads(f.cli("inf", "ps", "--json").out)[0]["status"] == "running"
+    assert f.cli("inf", "stop").code == 0
+
+
+def test_engine_health_timeout(clean):
+    f = clean
+    r = f.cli(
+        "inf",
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        "--model",
+        "m",
+        "--model-path",
+        "x",
+        "--model-health-timeout",
+        "0.5",
+        env={"FAKE_ENGINE_DELAY": "30"},
+    )
+    assert r.code == 1 and "not healthy after 0.5s" in r.err
+    assert st.load("inf", "default") is None
+
+
+def test_gpu_allocation_through_cli(clean):
+    f = clean
+    r = f.cli(
+        "inf",
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        "--model",
+        "g",
+        "--model-path",
+        "x",
+        "--backend",
+        "sglang:d2t2",
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2"},
+    )
+    assert r.code == 1 and "needs 4 GPUs" in r.err
+    r = f.cli(
+        "inf",
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        "--model",
+        "g",
+        "--model-path",
+        "x",
+        "--backend",
+        "sglang:d2",
+        env={"CUDA_VISIBLE_DEVICES": "3,5"},
+    )
+    assert r.code == 0, r.err
+    s = st.load("inf", "default")
+    assert [rep["gpus"] for rep in s["models"]["g"]["replicas"]] == [[3], [5]]
+    engine_argv = s["components"]["g-worker-0"]["argv"]
+    assert "cpu" not in engine_argv  # on GPUs the CPU defaults are not added
+    r = f.cli(
+        "inf",
+        "register",
+        "--model-name",
+        "h",
+        "--model-path",
+        "x",
+        env={"CUDA_VISIBLE_DEVICES": "3,5"},
+    )
+    assert r.code == 1 and "only 0 of 2 visible are free" in r.err
+    assert f.cli("inf", "stop").code == 0
+
+
+class _Impostor(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok", "pid": 1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_port_served_by_someone_else_is_not_our_gateway():
+    from areal_cli.http import gateway_healthy
+
+    srv = HTTPServer(("127.0.0.1", 0), _Impostor)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert not gateway_healthy(url, os.getpid())
+        assert gateway_healthy(url, 1)
+    finally:
+        srv.shutdown()
