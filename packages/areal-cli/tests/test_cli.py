@@ -222,7 +222,7 @@ def test_foreground_ctrl_c_and_sigterm_tear_down(clean):
         p = f.popen("inf", "run", "--port", str(_port()), "--admin-api-key", "k")
         _wait_running(f)
         p.send_signal(sig)
-        out, err = p.communicate(timeout=30)
+        _, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
         assert st.load("inf", "default") is None
         assert not _wait_gone(f.home, 2)
@@ -234,7 +234,7 @@ def test_foreground_component_death_tears_down(clean):
     _wait_running(f)
     pid = st.load("inf", "default")["components"]["m-worker-0"]["pid"]
     os.kill(pid, signal.SIGKILL)
-    out, err = p.communicate(timeout=30)
+    _, err = p.communicate(timeout=30)
     assert p.returncode == 1
     assert "m-worker-0 died" in err and "service torn down" in err
     assert st.load("inf", "default") is None
@@ -298,7 +298,7 @@ def test_two_concurrent_runs_one_wins(clean):
     f = clean
     ports = [_port(), _port()]
     procs = [f.popen("inf", "run", "--port", str(p), "--detach") for p in ports]
-    results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+    results = [(*p.communicate(timeout=60), p.returncode) for p in procs]
     codes = sorted(r[2] for r in results)
     assert codes == [0, 1], results
     loser = next(r for r in results if r[2] == 1)

@@ -100,7 +100,7 @@ def test_errors_name_file_and_key(home, tmp_path, text, needle):
 
 def test_bad_default_file_is_an_error_too(home):
     _write(home / "inf" / "config.toml", "[launch]\nnope = 1\n")
-    with pytest.raises(CLIError, match="config.toml: unknown key 'nope'"):
+    with pytest.raises(CLIError, match=r"config\.toml: unknown key 'nope'"):
         config.load("inf")
 
 
