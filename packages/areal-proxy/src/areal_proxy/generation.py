@@ -209,6 +209,7 @@ class GenerationController:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, engine_rid: str) -> None:
+        log.debug("aborting engine request %s", engine_rid)
         try:
             await self.engine.abort(engine_rid)
         except Exception as e:  # the request may already be gone; nothing to undo
