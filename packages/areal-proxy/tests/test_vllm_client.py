@@ -27,6 +27,7 @@ class FakeVLLM:
         self.error_after: int | None = None  # stream: an error event after N tokens
         self.reject: tuple[int, dict[str, Any]] | None = None  # HTTP error before any token
         self.endless = False  # stream tokens until the client disconnects
+        self.hold = False  # non-stream: answer nothing until the client disconnects
         self.requests: list[dict[str, Any]] = []
         self.control: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         self.disconnected = asyncio.Event()
@@ -66,6 +67,12 @@ class FakeVLLM:
         top = body.get("logprobs") or 0
         usage = {"prompt_tokens": len(body["prompt"]) + 1000, "completion_tokens": 3}
         if not body.get("stream"):
+            while self.hold:  # like vLLM: no headers before generation is done
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    self.disconnected.set()
+                    return web.Response(status=499)
+                await asyncio.sleep(0.01)
             return web.json_response(
                 {
                     "id": "cmpl-1",
@@ -363,6 +370,35 @@ async def test_abort_closes_the_stream_and_ends_with_abort(serve, rid):
         assert not other_task.done()  # only the named request was aborted
         await client.abort("other")
         assert (await asyncio.wait_for(other_task, 5))[-1].finish_reason == "abort"
+
+
+async def test_abort_non_stream_request_while_engine_generates(serve):
+    fake = FakeVLLM()
+    fake.hold = True
+    client = await serve(fake)
+    task = asyncio.create_task(client.generate(GenerationRequest([1, 2], 100, rid="w")))
+    while not fake.requests:
+        await asyncio.sleep(0.01)
+    await client.abort("nobody")
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await client.abort("w")
+    out = await asyncio.wait_for(task, 5)
+    assert (out.token_ids, out.finish_reason, out.prompt_tokens) == ([], "abort", 2)
+    await asyncio.wait_for(fake.disconnected.wait(), 5)
+
+
+async def test_caller_cancellation_is_not_turned_into_abort(serve):
+    fake = FakeVLLM()
+    fake.hold = True
+    client = await serve(fake)
+    task = asyncio.create_task(client.generate(GenerationRequest([1], 100, rid="c")))
+    while not fake.requests:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(fake.disconnected.wait(), 5)
 
 
 async def test_control_endpoints_in_dev_mode(serve):

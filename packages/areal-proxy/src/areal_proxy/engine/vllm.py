@@ -31,6 +31,7 @@ with status 501 naming the missing endpoint.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,12 +173,22 @@ class _InFlight:
 
     rid: str | None
     aborted: bool = False
+    # While the request waits for response headers (a non-streamed request
+    # gets them only when generation is done): the task sending it.
+    sending: asyncio.Future[aiohttp.ClientResponse] | None = field(default=None, repr=False)
     response: aiohttp.ClientResponse | None = field(default=None, repr=False)
 
     def abort(self) -> None:
         self.aborted = True
+        if self.sending is not None:
+            self.sending.cancel()
         if self.response is not None:
             self.response.close()
+
+
+def _cancelled_from_outside() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class VLLMClient:
@@ -253,6 +264,29 @@ class VLLMClient:
         except orjson.JSONDecodeError as e:
             raise EngineError(f"engine {path} returned no JSON: {e}", status=502) from e
 
+    async def _open(self, flight: _InFlight, payload: bytes) -> aiohttp.ClientResponse | None:
+        """Send a completion request; None when abort() came first."""
+        if flight.aborted:
+            return None
+
+        async def send() -> aiohttp.ClientResponse:
+            return await self._http().post(self.base_url + "/v1/completions", data=payload)
+
+        flight.sending = asyncio.ensure_future(send())
+        try:
+            resp = await flight.sending
+        except asyncio.CancelledError:
+            if flight.aborted and not _cancelled_from_outside():
+                return None
+            raise
+        finally:
+            flight.sending = None
+        flight.response = resp
+        if flight.aborted:
+            resp.close()
+            return None
+        return resp
+
     async def _version(self) -> str:
         if self._weight_version is None:
             version = ""
@@ -280,21 +314,24 @@ class VLLMClient:
         version = await self._version()
         flight = _InFlight(req.rid)
         self._inflight.add(flight)
+        aborted = GenerationResult([], [], [], "abort", len(req.input_ids), version)
         try:
-            async with self._http().post(
-                self.base_url + "/v1/completions", data=_payload(req, self.model, False)
-            ) as r:
-                flight.response = r
+            r = await self._open(flight, _payload(req, self.model, False))
+            if r is None:
+                return aborted
+            async with r:
                 raw = await r.read()
                 if r.status >= 400:
                     raise _error(raw, r.status, "/v1/completions")
-                out = orjson.loads(raw)
+            out = orjson.loads(raw)
         except aiohttp.ClientConnectorError as e:
             raise self._unreachable(e) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             if flight.aborted:
-                return GenerationResult([], [], [], "abort", len(req.input_ids), version)
+                return aborted
             raise EngineError(f"engine /v1/completions failed: {e!r}", status=502) from e
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"engine sent an unreadable answer: {e}", status=502) from e
         finally:
             self._inflight.discard(flight)
         if not isinstance(out, dict) or "error" in out:
@@ -326,50 +363,47 @@ class VLLMClient:
         # connection is read to its end and can be reused.
         final: GenerationChunk | None = None
         try:
-            async with self._http().post(
-                self.base_url + "/v1/completions", data=_payload(req, self.model, True)
-            ) as r:
-                flight.response = r
-                if flight.aborted:
-                    r.close()
-                if r.status >= 400:
-                    raise _error(await r.read(), r.status, "/v1/completions")
-                async for line in r.content:
-                    if flight.aborted:
-                        break
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    event = orjson.loads(data)
-                    if "error" in event or event.get("object") == "error":
-                        raise _stream_error(event)
-                    if usage := event.get("usage"):
-                        prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
-                        if final is not None:
-                            final.prompt_tokens = prompt_tokens
-                    for choice in event.get("choices") or []:
-                        if choice.get("index", 0) != 0:
+            r = await self._open(flight, _payload(req, self.model, True))
+            if r is not None:
+                async with r:
+                    if r.status >= 400:
+                        raise _error(await r.read(), r.status, "/v1/completions")
+                    async for line in r.content:
+                        if flight.aborted:
+                            break
+                        if not line.startswith(b"data:"):
                             continue
-                        ids, lps, tops = _tokens(choice, req.top_logprobs)
-                        finish, matched = _finish(choice, ids)
-                        if not ids and finish is None:
-                            continue
-                        emitted += len(ids)
-                        chunk = GenerationChunk(
-                            token_ids=ids,
-                            logprobs=lps,
-                            top_logprobs=tops,
-                            finish_reason=finish,
-                            matched_stop=matched,
-                            prompt_tokens=prompt_tokens,
-                            weight_version=version,
-                        )
-                        if finish is None:
-                            yield chunk
-                        else:
-                            final = chunk
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        event = orjson.loads(data)
+                        if "error" in event or event.get("object") == "error":
+                            raise _stream_error(event)
+                        if usage := event.get("usage"):
+                            prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
+                            if final is not None:
+                                final.prompt_tokens = prompt_tokens
+                        for choice in event.get("choices") or []:
+                            if choice.get("index", 0) != 0:
+                                continue
+                            ids, lps, tops = _tokens(choice, req.top_logprobs)
+                            finish, matched = _finish(choice, ids)
+                            if not ids and finish is None:
+                                continue
+                            emitted += len(ids)
+                            chunk = GenerationChunk(
+                                token_ids=ids,
+                                logprobs=lps,
+                                top_logprobs=tops,
+                                finish_reason=finish,
+                                matched_stop=matched,
+                                prompt_tokens=prompt_tokens,
+                                weight_version=version,
+                            )
+                            if finish is None:
+                                yield chunk
+                            else:
+                                final = chunk
         except aiohttp.ClientConnectorError as e:
             raise self._unreachable(e) from e
         except orjson.JSONDecodeError as e:
