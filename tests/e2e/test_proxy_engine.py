@@ -316,6 +316,27 @@ async def test_pause_mid_stream_then_continue_completes(stub, sglang_engine):
     assert engine_generate(sglang_engine.url, [1, 5], 2)["output_ids"] == [5, 5]
 
 
+async def test_pause_during_whole_answer_then_continue_completes(stub):
+    n = 300
+    body = {"messages": MSG, "max_tokens": n, "ignore_eos": True, "temperature": 0}
+
+    async def call() -> Any:
+        return await stub.ChatCompletion(req(body))
+
+    task = asyncio.create_task(call())
+    try:
+        await asyncio.sleep(0.3)
+        assert (await stub.Pause(proxy_pb2.PauseRequest())).paused
+        await asyncio.sleep(0.3)
+        assert not task.done()
+    finally:
+        await stub.Continue(proxy_pb2.ContinueRequest())
+    out = orjson.loads((await asyncio.wait_for(task, 60)).body)
+    assert out["choices"][0]["message"]["content"] == "\n" * n
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == n
+
+
 def test_sigterm_drains_and_exits_zero(sglang_engine, tmp_path):
     p = spawn_proxy(tmp_path, sglang_engine.url, "tiny-parrot-data-proxy-sigterm")
 

@@ -306,3 +306,25 @@ async def test_health_service_and_unimplemented_rpcs():
         assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await h.close()
+
+
+async def test_metrics_endpoint_counts_requests_and_tokens():
+    import urllib.request
+
+    engine = FakeEngineClient([5, 6, EOS])
+    h = await start(engine, metrics_port=0)
+    try:
+        await h.chat({"messages": MSG})
+        with pytest.raises(grpc.aio.AioRpcError):
+            await h.stub.ChatCompletion(request({"messages": []}))
+        url = f"http://127.0.0.1:{h.server.metrics_port}/metrics"
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+        )
+        assert 'areal_proxy_requests_total{rpc="ChatCompletion",status="200"} 1.0' in text
+        assert 'areal_proxy_requests_total{rpc="ChatCompletion",status="400"} 1.0' in text
+        assert "areal_proxy_completion_tokens_total 3.0" in text
+        assert "areal_proxy_time_to_first_token_seconds_count 1.0" in text
+        assert "areal_proxy_inflight_requests 0.0" in text
+    finally:
+        await h.close()

@@ -154,5 +154,7 @@ def test_settings_flags_env_and_required(monkeypatch):
 
 def test_make_engine_client():
     assert isinstance(make_engine_client("sglang", "http://127.0.0.1:1", 5), SGLangClient)
+    vllm = make_engine_client("vllm", "http://127.0.0.1:1/", 5)
+    assert type(vllm).__name__ == "VLLMClient" and vllm.base_url == "http://127.0.0.1:1"
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine_client("tgi", "http://127.0.0.1:1")
