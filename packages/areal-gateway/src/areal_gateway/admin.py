@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import orjson
-from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from areal_gateway.auth import require_admin
 from areal_gateway.openai.errors import bad_request
@@ -29,8 +29,6 @@ from areal_proto.router.v1 import router_pb2
 from areal_proto.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
-
-router = APIRouter()
 
 _HEALTH = {
     router_pb2.PROXY_HEALTH_UNSPECIFIED: "unknown",
@@ -236,7 +234,8 @@ async def register_model(request: Request) -> Response:
     )
 
 
-async def deregister_model(request: Request, name: str) -> Response:
+async def deregister_model(request: Request) -> Response:
+    name = request.path_params["name"]
     gw = await _admin(request)
     existed, proxy_ids = await gw.router.deregister_model(name)
     gw.catalog.forget(name)
@@ -248,7 +247,8 @@ async def deregister_model(request: Request, name: str) -> Response:
     return _json({"name": name, "proxy_ids": proxy_ids})
 
 
-async def add_proxy(request: Request, name: str) -> Response:
+async def add_proxy(request: Request) -> Response:
+    name = request.path_params["name"]
     gw = await _admin(request)
     doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
     proxy = _proxy(doc, name, "")
@@ -270,12 +270,10 @@ async def list_workers(request: Request) -> Response:
     return _json({"workers": [worker_json(p) for p in sorted(proxies, key=lambda p: p.proxy_id)]})
 
 
-router.add_api_route("/admin/models", list_models, methods=["GET"], include_in_schema=False)
-router.add_api_route("/admin/models", register_model, methods=["POST"], include_in_schema=False)
-router.add_api_route(
-    "/admin/models/{name}", deregister_model, methods=["DELETE"], include_in_schema=False
-)
-router.add_api_route(
-    "/admin/models/{name}/proxies", add_proxy, methods=["POST"], include_in_schema=False
-)
-router.add_api_route("/admin/workers", list_workers, methods=["GET"], include_in_schema=False)
+routes = [
+    Route("/admin/models", list_models, methods=["GET"]),
+    Route("/admin/models", register_model, methods=["POST"]),
+    Route("/admin/models/{name}", deregister_model, methods=["DELETE"]),
+    Route("/admin/models/{name}/proxies", add_proxy, methods=["POST"]),
+    Route("/admin/workers", list_workers, methods=["GET"]),
+]

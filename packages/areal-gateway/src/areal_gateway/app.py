@@ -9,6 +9,7 @@ import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from areal_gateway import admin
 from areal_gateway.metrics import MetricsMiddleware
@@ -73,19 +74,17 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.gateway = gateway
     install_error_handlers(app)
-    app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    # Plain Starlette routes (endpoints take the Request and read the body themselves).
+    routes = app.router.routes
+    routes.append(Route("/health", health, methods=["GET"]))
+    routes.append(Route("/metrics", metrics, methods=["GET"]))
     if settings.mode == "inference":
-        app.include_router(chat.router)
-        app.include_router(completions.router)
-        app.include_router(models.router)
-        app.include_router(admin.router)
+        routes.extend(chat.routes + completions.routes + models.routes + admin.routes)
     else:
-        app.add_api_route(
-            "/{path:path}",
-            not_implemented,
-            methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-            include_in_schema=False,
+        routes.append(
+            Route(
+                "/{path:path}", not_implemented, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+            )
         )
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return app

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.routing import Route
 
 from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.errors import bad_request
@@ -39,14 +39,12 @@ def check_chat(doc: dict[str, Any]) -> None:
         )
 
 
-router = APIRouter()
-
-
 async def chat_completions(request: Request) -> GenerationResponse:
     return await handle(request, CHAT, check_chat)
 
 
-for _path in ("/v1/chat/completions", "/chat/completions"):
-    router.add_api_route(
-        _path, chat_completions, methods=["POST"], include_in_schema=False, response_model=None
-    )
+# Plain Starlette routes: no dependency solving on the hot path.
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.routing import Route
 
 from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.errors import bad_request
@@ -28,14 +28,11 @@ def check_completion(doc: dict[str, Any]) -> None:
         )
 
 
-router = APIRouter()
-
-
 async def completions(request: Request) -> GenerationResponse:
     return await handle(request, COMPLETIONS, check_completion)
 
 
-for _path in ("/v1/completions", "/completions"):
-    router.add_api_route(
-        _path, completions, methods=["POST"], include_in_schema=False, response_model=None
-    )
+routes = [
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/completions", completions, methods=["POST"]),
+]

@@ -359,12 +359,16 @@ class GenerationResponse(Response):
             await self._send_upstream_whole(send, resp.status_code, body, ctype)
             return
         await self._start_stream(send)
+        chunks = fwd.iter_bytes(resp, model.name)
         try:
-            async for chunk in fwd.iter_bytes(resp, model.name):
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except ServiceError as err:
             await self._send_error(send, err)
             return
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            await resp.aclose()
         await send({"type": "http.response.body", "body": b""})
 
     async def _send_upstream_whole(self, send: Send, status: int, body: bytes, ctype: str) -> None:

@@ -7,15 +7,13 @@ only to the admin key (a session key may not use them).
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
 from areal_proto.service.errors import ServiceError
-
-router = APIRouter()
 
 
 def _model_object(m: router_pb2.ModelInfo) -> dict[str, object]:
@@ -40,7 +38,8 @@ async def list_models(request: Request) -> Response:
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
 
-async def retrieve_model(request: Request, name: str) -> Response:
+async def retrieve_model(request: Request) -> Response:
+    name = request.path_params["name"]
     gw: Gateway = request.app.state.gateway
     principal = gw.auth.principal(request)
     for m in await gw.catalog.list():
@@ -51,8 +50,8 @@ async def retrieve_model(request: Request, name: str) -> Response:
     )
 
 
-router.add_api_route("/v1/models", list_models, methods=["GET"], include_in_schema=False)
-router.add_api_route("/models", list_models, methods=["GET"], include_in_schema=False)
-router.add_api_route(
-    "/v1/models/{name:path}", retrieve_model, methods=["GET"], include_in_schema=False
-)
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),
+    Route("/v1/models/{name:path}", retrieve_model, methods=["GET"]),
+]
