@@ -143,19 +143,9 @@ def test_ready_file_health_and_sigterm_drains(stack: Stack, tmp_path: Path) -> N
         stop(proc)
 
 
-def test_sigint_exits_zero_when_idle(stack: Stack, tmp_path: Path) -> None:
-    proc, _ = start(["--router-addr", stack.router_addr], tmp_path / "r.json")
-    try:
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
-        assert time.monotonic() - t0 < 5
-    finally:
-        stop(proc)
-
-
-def test_agent_mode_serves_health_and_501(stack: Stack, tmp_path: Path) -> None:
-    proc, info = start(["--router-addr", stack.router_addr, "--mode", "agent"], tmp_path / "a.json")
+def test_agent_mode_env_settings_port_in_use_and_sigint(stack: Stack, tmp_path: Path) -> None:
+    environ = env(AREAL_GATEWAY_ROUTER_ADDR=stack.router_addr, AREAL_GATEWAY_MODE="agent")
+    proc, info = start([], tmp_path / "a.json", environ)
     try:
         url = f"http://127.0.0.1:{info['port']}"
         assert httpx.get(url + "/health").json()["mode"] == "agent"
@@ -163,17 +153,12 @@ def test_agent_mode_serves_health_and_501(stack: Stack, tmp_path: Path) -> None:
         r = httpx.post(url + "/v1/chat/completions", json={})
         assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
         assert httpx.get(url + "/v1/models").status_code == 501
-    finally:
-        proc.send_signal(signal.SIGTERM)
+        # the port is taken: a second gateway says so and exits 1
+        r2 = run(["--router-addr", stack.router_addr, "--port", str(info["port"])], env=env())
+        assert r2.returncode == 1 and "cannot listen" in r2.stderr
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
         stop(proc)
-
-
-def test_env_settings_and_port_in_use(stack: Stack, tmp_path: Path) -> None:
-    proc, info = start([], tmp_path / "e.json", env(AREAL_GATEWAY_ROUTER_ADDR=stack.router_addr))
-    try:
-        r = run(["--router-addr", stack.router_addr, "--port", str(info["port"])], env=env())
-        assert r.returncode == 1 and "cannot listen" in r.stderr
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
