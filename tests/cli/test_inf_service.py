@@ -1,0 +1,159 @@
+"""Every `areal inf` command of docs/cli-guide.md, as written, on one shared service.
+
+One real SGLang engine (tiny-parrot on the CPU, ~40 s to start) serves the whole
+module: `run --model ... --detach` starts it, the tests inspect and use it, and
+the last ones deregister, register again, break and stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import ADMIN_KEY, PARROT, free_port, needs_binaries, needs_engine
+
+pytestmark = [needs_binaries, needs_engine, pytest.mark.engine]
+
+MODEL = "qwen-local"
+
+
+@pytest.fixture(scope="module")
+def svc(module_areal):
+    a = module_areal
+    port = free_port()
+    r = a(
+        "inf", "run",
+        "--service", "default",
+        "--port", str(port),
+        "--admin-api-key", ADMIN_KEY,
+        "--model", MODEL,
+        "--backend", "sglang:d1",
+        "--model-path", str(PARROT),
+        "--proxy-args", "--request-timeout 120 --chat-template-type hf",
+        "--detach",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    return a, port
+
+
+def test_ps_lists_the_service(svc):
+    a, port = svc
+    r = a("inf", "ps")
+    assert r.code == 0
+    assert "default" in r.out and "running" in r.out and f"http://127.0.0.1:{port}" in r.out
+    rows = a("inf", "ps", "--json").json()
+    assert rows[0]["models"] == [MODEL]
+
+
+def test_status_drills_into_components(svc):
+    a, port = svc
+    r = a("inf", "status", "--service", "default")
+    assert r.code == 0
+    for name in ("gateway", "router", f"{MODEL}-worker-0", f"{MODEL}-data-proxy-0"):
+        assert name in r.out
+    doc = a("inf", "status", "--service", "default", "--json").json()
+    assert doc["gateway"]["url"] == f"http://127.0.0.1:{port}"  # jq -r '.gateway.url'
+    assert doc["gateway"]["healthy"] is True
+    assert all(c["status"] == "running" for c in doc["components"].values())
+
+
+def test_models_lists_the_model(svc):
+    a, _ = svc
+    r = a("inf", "models", "--service", "default")
+    assert r.code == 0 and MODEL in r.out
+    m = a("inf", "models", "--service", "default", "--json").json()["models"][0]
+    assert m["name"] == MODEL and m["registered"] and m["managed"]
+    assert [w["proxy_id"] for w in m["workers"]] == [f"{MODEL}-data-proxy-0"]
+
+
+def test_curl_chat_completion(svc):
+    _, port = svc
+    if not shutil.which("curl"):
+        pytest.skip("curl not installed")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi, give me a quick intro to AReaL."}],
+        "max_tokens": 128,
+    }
+    p = subprocess.run(
+        [
+            "curl", "-sS", f"http://127.0.0.1:{port}/v1/chat/completions",
+            "-H", f"Authorization: Bearer {ADMIN_KEY}",
+            "-H", "Content-Type: application/json",
+            "-d", json.dumps(body),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["choices"][0]["message"]["content"], out
+    assert out["model"] == MODEL
+
+
+def test_logs_of_every_component(svc):
+    a, _ = svc
+    for comp in ("gateway", "router", f"{MODEL}-worker-0", f"{MODEL}-data-proxy-0"):
+        r = a("inf", "logs", "--service", "default", "--component", comp)
+        assert r.code == 0 and r.out.strip(), comp
+    r = a("inf", "logs", "--service", "default", "--component", "qwen-local-worker-9")
+    assert r.code == 1
+    assert "available: gateway, qwen-local-data-proxy-0, qwen-local-worker-0, router" in r.err
+
+
+def test_logs_follow(svc):
+    a, _ = svc
+    p = a.popen("inf", "logs", "--service", "default", "--component", "gateway", "-f")
+    time.sleep(1.5)
+    _, port = svc
+    import urllib.request
+
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 0
+    assert out.strip()
+
+
+def test_deregister_then_register(svc):
+    a, _ = svc
+    r = a("inf", "deregister", "--service", "default", "--model-name", MODEL)
+    assert r.code == 0, r.err
+    assert a("inf", "models", "--service", "default", "--json").json()["models"] == []
+    assert a.wait_status("running")["components"] == 2
+    r = a(
+        "inf", "register",
+        "--service", "default",
+        "--model-name", MODEL,
+        "--backend", "sglang:d1",
+        "--model-path", str(PARROT),
+        "--tokenizer-path", str(PARROT),
+        "--proxy-args", "--request-timeout 120 --chat-template-type hf",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    m = a("inf", "models", "--service", "default", "--json").json()["models"][0]
+    assert m["name"] == MODEL and m["registered"]
+
+
+def test_sigkill_of_a_component_shows_degraded(svc):
+    a, _ = svc
+    doc = a("inf", "status", "--service", "default", "--json").json()
+    os.kill(doc["components"][f"{MODEL}-data-proxy-0"]["pid"], signal.SIGKILL)
+    row = a.wait_status("degraded")
+    assert row["dead"] == [f"{MODEL}-data-proxy-0"]
+    assert "degraded" in a("inf", "ps").out
+
+
+def test_stop_and_force_stop(svc):
+    a, _ = svc
+    r = a("inf", "stop", "--service", "default")
+    assert r.code == 0, r.err
+    assert not a.wait_no_processes(5)
+    assert a("inf", "ps", "--all", "--json").json() == []
+    r = a("inf", "stop", "--service", "default", "--force")
+    assert r.code == 1 and "no inf service named 'default'" in r.err
