@@ -181,10 +181,22 @@ class Harness:
 
 
 def request(
-    body: dict[str, Any] | bytes, *, deadline_ms: int = 0, request_id: str = "t"
+    body: dict[str, Any] | bytes,
+    *,
+    deadline_ms: int = 0,
+    request_id: str = "t",
+    api_key: str = "",
+    session_id: str = "",
+    is_admin: bool = False,
 ) -> envelope_pb2.OpenAIRequest:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
-    env = envelope_pb2.Envelope(request_id=request_id, deadline_unix_ms=deadline_ms)
+    env = envelope_pb2.Envelope(
+        request_id=request_id,
+        deadline_unix_ms=deadline_ms,
+        api_key=api_key,
+        session_id=session_id,
+        is_admin=is_admin,
+    )
     return envelope_pb2.OpenAIRequest(envelope=env, body=raw)
 
 
@@ -196,6 +208,7 @@ def settings(**over: Any) -> Settings:
         "metrics_port": -1,
         "drain_timeout": 2.0,
         "engine_health_interval": 60.0,
+        "db_path": ":memory:",
     }
     base.update(over)
     return Settings(**base)

@@ -302,7 +302,7 @@ async def test_health_service_and_unimplemented_rpcs():
         )
         assert r.status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.aio.AioRpcError) as ei:
-            await h.stub.StartSessions(proxy_pb2.StartSessionsRequest())
+            await h.stub.GetAgentHistory(proxy_pb2.GetAgentHistoryRequest(session_id="s"))
         assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await h.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
 from areal_proxy.chat_template import PromptBuilder, TemplateError
 from areal_proxy.engine.base import GenerationRequest
@@ -24,6 +25,7 @@ from areal_proxy.openai_request import (
     parse_completion,
 )
 from areal_proxy.output_parsing import delta_dicts, make_output_parser
+from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
 
@@ -56,7 +58,9 @@ class InferenceHandler:
         tok: ModelTokenizer,
         prompts: PromptBuilder | None,
         controller: GenerationController,
+        recorder: Recorder | None = None,
     ) -> None:
+        self.recorder = recorder
         self.config = config
         self.tok = tok
         self.prompts = prompts
@@ -105,11 +109,17 @@ class InferenceHandler:
             extra=s.extra,
         )
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
+    def chat_prompt(self, req: ChatRequest, ot: OpenTurn | None = None) -> list[int]:
         if self.prompts is None:
             raise bad("this model has no chat template; use /v1/completions", "messages")
         try:
-            return self.prompts.prompt_ids(req.messages, req.tools, req.template_kwargs)
+            return self.prompts.prompt_ids(
+                req.messages,
+                req.tools,
+                req.template_kwargs,
+                previous_ids=ot.previous_ids if ot is not None else None,
+                previous_messages=ot.turn.covered if ot is not None else 0,
+            )
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
 
@@ -168,9 +178,31 @@ class InferenceHandler:
 
     # ---- chat --------------------------------------------------------------------------
 
-    async def chat(self, body: bytes) -> tuple[bytes, GenerationRecord]:
+    def _begin(
+        self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str
+    ) -> OpenTurn | None:
+        return self.recorder.begin(env, messages, rid) if self.recorder is not None else None
+
+    async def _commit(
+        self,
+        ot: OpenTurn | None,
+        messages: list[dict[str, Any]] | str,
+        response: dict[str, Any] | str,
+        rec: GenerationRecord,
+        finish: str,
+    ) -> None:
+        if ot is not None and self.recorder is not None:
+            await self.recorder.commit(
+                ot, messages=messages, response=response, rec=rec, finish_reason=finish
+            )
+
+    async def chat(
+        self, body: bytes, env: Envelope | None = None
+    ) -> tuple[bytes, GenerationRecord]:
         req = parse_chat(body)
-        prompt = self.chat_prompt(req)
+        rid = out.response_id("chatcmpl")
+        ot = self._begin(env, req.messages, rid)
+        prompt = self.chat_prompt(req, ot)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
@@ -199,8 +231,9 @@ class InferenceHandler:
             if req.logprobs
             else None
         )
+        await self._commit(ot, req.messages, _assistant(content, reasoning, calls), rec, finish)
         body_out = out.chat_completion(
-            rid=out.response_id("chatcmpl"),
+            rid=rid,
             created=int(time.time()),
             model=self.config.model,
             content=content,
@@ -212,9 +245,13 @@ class InferenceHandler:
         )
         return orjson.dumps(body_out), rec
 
-    async def chat_stream(self, body: bytes) -> AsyncGenerator[bytes, None]:
+    async def chat_stream(
+        self, body: bytes, env: Envelope | None = None
+    ) -> AsyncGenerator[bytes, None]:
         req = parse_chat(body)
-        prompt = self.chat_prompt(req)
+        rid = out.response_id("chatcmpl")
+        ot = self._begin(env, req.messages, rid)
+        prompt = self.chat_prompt(req, ot)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
@@ -225,12 +262,15 @@ class InferenceHandler:
             req.tools,
         )
         streamer = parser.streamer() if parser is not None else None
-        rid, created, model = out.response_id("chatcmpl"), int(time.time()), self.config.model
+        created, model = int(time.time()), self.config.model
+        texts: list[str] = []
         usage_field = req.include_usage
         first = True
         try:
             async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
                 async for ts in steps:
+                    if ot is not None:
+                        texts.append(ts.text)
                     if streamer is not None:
                         raw = streamer.feed(ts.text) if ts.text else []
                         if ts.finish_reason is not None:
@@ -267,6 +307,15 @@ class InferenceHandler:
                         finish = ts.finish_reason
                         if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
                             finish = "tool_calls"
+                        if ot is not None:
+                            # Committed before the client sees the end: acknowledged = durable.
+                            await self._commit(
+                                ot,
+                                req.messages,
+                                self._chat_response("".join(texts), req),
+                                rec,
+                                finish,
+                            )
                         yield orjson.dumps(
                             out.chat_chunk(
                                 rid=rid,
@@ -290,6 +339,18 @@ class InferenceHandler:
         finally:
             self.controller.finish(rec)
 
+    def _chat_response(self, text: str, req: ChatRequest) -> dict[str, Any]:
+        parser = make_output_parser(
+            self.config.tool_call_parser if req.parse_tools else "",
+            self.config.reasoning_parser,
+            req.tools,
+        )
+        if parser is None:
+            return _assistant(text, None, None)
+        parsed = parser.parse(text)
+        calls = [out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls] or None
+        return _assistant(parsed.content, parsed.reasoning_content, calls)
+
     # ---- completions -------------------------------------------------------------------
 
     def _echo_text(self, req: CompletionRequest, prompt: list[int]) -> str:
@@ -299,8 +360,12 @@ class InferenceHandler:
             return req.prompt_text
         return self.tok.decode(prompt, skip_special_tokens=req.sampling.skip_special_tokens)
 
-    async def completion(self, body: bytes) -> tuple[bytes, GenerationRecord]:
+    async def completion(
+        self, body: bytes, env: Envelope | None = None
+    ) -> tuple[bytes, GenerationRecord]:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
+        rid = out.response_id("cmpl")
+        ot = self._begin(env, None, rid)
         prompt = self.completion_prompt(req)
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
@@ -313,6 +378,7 @@ class InferenceHandler:
             self.controller.finish(rec)
         text, finish = self._final_text(rec, template, req.sampling)
         echo = self._echo_text(req, prompt)
+        await self._commit(ot, _prompt_of(req), text, rec, finish)
         lp = (
             out.completion_logprobs(
                 self.tok,
@@ -326,7 +392,7 @@ class InferenceHandler:
             else None
         )
         body_out = out.completion(
-            rid=out.response_id("cmpl"),
+            rid=rid,
             created=int(time.time()),
             model=self.config.model,
             text=echo + text,
@@ -336,15 +402,20 @@ class InferenceHandler:
         )
         return orjson.dumps(body_out), rec
 
-    async def completion_stream(self, body: bytes) -> AsyncGenerator[bytes, None]:
+    async def completion_stream(
+        self, body: bytes, env: Envelope | None = None
+    ) -> AsyncGenerator[bytes, None]:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
+        rid = out.response_id("cmpl")
+        ot = self._begin(env, None, rid)
         prompt = self.completion_prompt(req)
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "prompt")
         )
-        rid, created, model = out.response_id("cmpl"), int(time.time()), self.config.model
+        created, model = int(time.time()), self.config.model
+        texts: list[str] = []
         pending = self._echo_text(req, prompt)
         offset = len(pending)
         usage_field = req.include_usage
@@ -365,6 +436,12 @@ class InferenceHandler:
                         offset += sum(len(t) for t in lp["tokens"])
                     text = pending + ts.text
                     pending = ""
+                    if ot is not None:
+                        texts.append(ts.text)
+                        if ts.finish_reason is not None:
+                            await self._commit(
+                                ot, _prompt_of(req), "".join(texts), rec, ts.finish_reason
+                            )
                     if text or lp is not None or ts.finish_reason is not None:
                         yield orjson.dumps(
                             out.completion_chunk(
@@ -389,3 +466,19 @@ class InferenceHandler:
                 )
         finally:
             self.controller.finish(rec)
+
+
+def _assistant(
+    content: str | None, reasoning: str | None, calls: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The assistant message as recorded (and as the client will echo it back)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _prompt_of(req: CompletionRequest) -> str:
+    return req.prompt_text if req.prompt_text is not None else ""

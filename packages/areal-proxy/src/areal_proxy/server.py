@@ -20,6 +20,9 @@ from areal_proxy.generation import GenerationController
 from areal_proxy.inference import InferenceConfig, InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.output_parsing import check_parsers
+from areal_proxy.recorder import Recorder
+from areal_proxy.recording.sessions import SessionBook
+from areal_proxy.recording.store import Store
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
@@ -54,6 +57,13 @@ class ProxyServer:
             settings.engine, settings.engine_url, settings.request_timeout
         )
         self.controller = GenerationController(self.engine)
+        self.store = Store(settings.resolved_db_path())
+        self.book = SessionBook(
+            self.store,
+            ttl=settings.session_ttl,
+            reward_finish_timeout=settings.set_reward_finish_timeout,
+            max_live=settings.max_live_sessions,
+        )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(
             model=settings.model, engine_url=settings.engine_url, proxy_id=settings.proxy_id
@@ -69,6 +79,7 @@ class ProxyServer:
             self.tokenizer,
             prompts,
             self.controller,
+            Recorder(self.book),
         )
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
@@ -76,6 +87,7 @@ class ProxyServer:
             metrics=self.metrics,
             state=self.state,
             request_timeout=settings.request_timeout,
+            book=self.book,
         )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
@@ -90,6 +102,7 @@ class ProxyServer:
         self.port = 0
         self.metrics_port = -1
         self._health_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -100,6 +113,7 @@ class ProxyServer:
         self.metrics_port = self.metrics.start(s.host, s.metrics_port)
         await self._check_engine()
         self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
         for name in ("", _SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -136,6 +150,17 @@ class ProxyServer:
                 log.warning("engine health check raised: %r", e)
                 self.state.engine_healthy = False
 
+    async def _expiry_loop(self) -> None:
+        """End RL sessions idle longer than --session-ttl (their rows stay exportable)."""
+        interval = max(1.0, min(self.settings.session_ttl / 10, 30.0))
+        while True:
+            await asyncio.sleep(interval)
+            ended = self.book.expire()
+            if ended:
+                log.info(
+                    "%d idle session(s) ended after %gs", len(ended), self.settings.session_ttl
+                )
+
     async def shutdown(self) -> None:
         """Ordered: stop taking work, drain, stop serving, close the engine client."""
         s = self.settings
@@ -152,14 +177,16 @@ class ProxyServer:
         # 3. Stop the server; calls still running are cancelled (their engine requests aborted).
         await self.server.stop(grace=1.0)
         # 4. Background work: the health poller, engine aborts still on their way.
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+        for task in (self._health_task, self._expiry_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.controller.wait_background(), 5.0)
         # 5. Close the engine client, then the metrics endpoint.
         await self.engine.close()
+        self.store.close()
         self.metrics.stop()
         log.info("stopped")
 
@@ -169,6 +196,10 @@ def create_server(settings: Settings, engine: EngineClient | None = None) -> Pro
 
 
 async def serve(settings: Settings) -> int:
+    if settings.mode == "agent":
+        from areal_proxy.agent.server import serve_agent
+
+        return await serve_agent(settings)
     server = create_server(settings)
     await server.start()
     write_ready_file(

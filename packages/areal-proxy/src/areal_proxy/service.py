@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import orjson
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -21,6 +22,11 @@ from areal_proxy.engine.base import EngineError
 from areal_proxy.generation import GenerationController, GenerationRecord
 from areal_proxy.inference import InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.recording.model import Session
+from areal_proxy.recording.sessions import SessionBook
+
+# Rows per ExportChunk: a large export streams as many JSONL chunks.
+_EXPORT_ROWS_PER_CHUNK = 256
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,9 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         metrics: ProxyMetrics,
         state: ProxyState,
         request_timeout: float,
+        book: SessionBook | None = None,
     ) -> None:
+        self.book = book
         self.handler = handler
         self.controller = controller
         self.metrics = metrics
@@ -136,7 +144,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         rpc: str,
         request: envelope_pb2.OpenAIRequest,
         context: Any,
-        fn: Callable[[bytes], Awaitable[tuple[bytes, GenerationRecord]]],
+        fn: Callable[[bytes, Any], Awaitable[tuple[bytes, GenerationRecord]]],
     ) -> envelope_pb2.OpenAIResponse:
         started = time.perf_counter()
         try:
@@ -148,7 +156,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         try:
             try:
                 async with asyncio.timeout_at(self._deadline(request, context)):
-                    body, _ = await fn(request.body)
+                    body, _ = await fn(request.body, request.envelope)
                 self._count(rpc, "200")
                 return envelope_pb2.OpenAIResponse(body=body)
             except asyncio.CancelledError:
@@ -167,7 +175,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         rpc: str,
         request: envelope_pb2.OpenAIRequest,
         context: Any,
-        gen: Callable[[bytes], AsyncGenerator[bytes, None]],
+        gen: Callable[[bytes, Any], AsyncGenerator[bytes, None]],
     ) -> None:
         started = time.perf_counter()
         try:
@@ -179,7 +187,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         try:
             try:
                 async with asyncio.timeout_at(self._deadline(request, context)):
-                    async with aclosing(gen(request.body)) as chunks:
+                    async with aclosing(gen(request.body, request.envelope)) as chunks:
                         async for data in chunks:
                             await context.write(envelope_pb2.StreamChunk(data=data))
                 self._count(rpc, "200")
@@ -282,6 +290,107 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
 
         return await self._control("UpdateWeights", context, act)
 
+    # ---- RL sessions -------------------------------------------------------------------
+
+    def _sessions(self) -> SessionBook:
+        if self.book is None:
+            raise ServiceError(409, "this proxy records no sessions", code="no_recording")
+        return self.book
+
+    def _acting_on(self, env: Any, session_id: str, *, for_turn: bool) -> Session:
+        """The session `env`'s key may act on: its own (session key) or any (admin key)."""
+        book = self._sessions()
+        if env is not None and env.is_admin:
+            found = book.store.session(session_id)
+            if found is None:
+                raise ServiceError(
+                    404, f"session '{session_id}' not found", code="session_not_found"
+                )
+            return found
+        key = env.api_key if env is not None else ""
+        if not key or (env.session_id and env.session_id != session_id):
+            raise ServiceError(
+                403, "a session key may act only on its own session", code="forbidden_session"
+            )
+        return book.authorize(session_id, key, for_turn=for_turn)
+
+    async def _rpc(self, rpc: str, context: Any, action: Callable[[], Any]) -> Any:
+        try:
+            result = action()
+            if asyncio.iscoroutine(result):
+                result = await result
+        except Exception as e:
+            err = _service_error(e)
+            self._count(rpc, str(err.http_status))
+            await abort(context, err)
+            raise AssertionError("unreachable") from e
+        self._count(rpc, "200")
+        return result
+
+    async def StartSessions(self, request: Any, context: Any) -> proxy_pb2.StartSessionsResponse:
+        def act() -> proxy_pb2.StartSessionsResponse:
+            if not request.group_id or not request.sessions:
+                raise ServiceError(400, "group_id and sessions are required", param="sessions")
+            creds = [(c.session_id, c.session_api_key) for c in request.sessions]
+            self._sessions().start(
+                request.group_id, request.task_id, request.model or self.state.model, creds
+            )
+            return proxy_pb2.StartSessionsResponse(
+                group_id=request.group_id, sessions=request.sessions
+            )
+
+        return await self._rpc("StartSessions", context, act)
+
+    async def EndSessions(self, request: Any, context: Any) -> proxy_pb2.EndSessionsResponse:
+        def act() -> proxy_pb2.EndSessionsResponse:
+            env = request.envelope if request.HasField("envelope") else None
+            for sid in request.session_ids:
+                self._acting_on(env, sid, for_turn=False)
+            return proxy_pb2.EndSessionsResponse(
+                ended=self._sessions().end(list(request.session_ids))
+            )
+
+        return await self._rpc("EndSessions", context, act)
+
+    async def SetReward(self, request: Any, context: Any) -> proxy_pb2.SetRewardResponse:
+        def act() -> proxy_pb2.SetRewardResponse:
+            env = request.envelope if request.HasField("envelope") else None
+            session = self._acting_on(env, request.session_id, for_turn=True)
+            iid = self._sessions().set_reward(session, request.interaction_id, request.reward)
+            return proxy_pb2.SetRewardResponse(interaction_id=iid, reward=request.reward)
+
+        return await self._rpc("SetReward", context, act)
+
+    async def ExportTrajectories(self, request: Any, context: Any) -> None:  # type: ignore[override]
+        try:
+            book = self._sessions()
+            env = request.envelope if request.HasField("envelope") else None
+            sessions = book.resolve_export(list(request.session_ids), request.group_id)
+            if env is None or not env.is_admin:
+                for s in sessions:
+                    self._acting_on(env, s.session_id, for_turn=False)
+            # proto3 cannot tell 0.0 from unset: the gateway always sends the discount.
+            rows = book.export_rows(sessions, request.style or "individual", request.discount)
+            batch: list[bytes] = []
+            for row in rows:
+                batch.append(orjson.dumps(row) + b"\n")
+                if len(batch) >= _EXPORT_ROWS_PER_CHUNK:
+                    await context.write(
+                        proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch))
+                    )
+                    batch = []
+            if batch:
+                await context.write(proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch)))
+            # Removal only when asked, and only after every row has been handed over.
+            if request.remove_session:
+                book.remove(sessions)
+        except Exception as e:
+            err = _service_error(e)
+            self._count("ExportTrajectories", str(err.http_status))
+            await abort(context, err)
+            return
+        self._count("ExportTrajectories", "200")
+
     async def GetStats(self, request: Any, context: Any) -> proxy_pb2.ProxyStats:
         st = self.state
         detail = "draining" if st.draining else ("" if st.engine_healthy else st.engine_detail)
@@ -292,7 +401,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             version=self.controller.version,
             inflight_requests=len(self.controller.inflight),
             inflight_tokens=self.controller.inflight_tokens,
-            sessions=0,
+            sessions=self.book.store.live_session_count() if self.book is not None else 0,
             model=st.model,
             engine_url=st.engine_url,
             detail=detail,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,10 @@ class Settings:
     ready_file: str = field(default="", metadata={"help": "write host/port here once listening"})
     metrics_port: int = field(
         default=0, metadata={"help": "Prometheus /metrics port; 0 = the OS picks, -1 = off"}
+    )
+    mode: str = field(
+        default="inference",
+        metadata={"choices": ["inference", "agent"], "help": "what sits behind"},
     )
     # The engine replica this proxy sits in front of.
     engine_url: str = field(default="", metadata={"help": "base URL of the engine replica"})
@@ -51,8 +56,48 @@ class Settings:
         default=2.0, metadata={"help": "seconds between background engine health checks"}
     )
 
+    # RL recording (inference mode).
+    db_path: str = field(
+        default="",
+        metadata={
+            "help": "SQLite file of recorded sessions; empty: $AREAL_HOME/proxy/<proxy-id>.sqlite"
+        },
+    )
+    session_ttl: float = field(
+        default=3600.0, metadata={"help": "seconds an idle RL session lives before it is ended"}
+    )
+    max_live_sessions: int = field(
+        default=10000, metadata={"help": "RL sessions kept in memory (the rest reload from SQLite)"}
+    )
+    # Agent mode.
+    worker_addr: str = field(
+        default="", metadata={"help": "host:port of the agent worker (agent mode)"}
+    )
+    session_timeout: float = field(
+        default=1800.0, metadata={"help": "seconds an idle agent session lives (agent mode)"}
+    )
+    inf_gateway_url: str = field(
+        default="",
+        metadata={"help": "inference gateway that records the agent's LLM calls (agent mode)"},
+    )
+    inf_model: str = field(
+        default="", metadata={"help": "model the agent's LLM calls use (agent mode)"}
+    )
+    inf_admin_api_key: str = field(
+        default="", metadata={"secret": True, "help": "admin key of the linked inference gateway"}
+    )
+
+    def resolved_db_path(self) -> str:
+        if self.db_path:
+            return self.db_path
+        home = os.environ.get("AREAL_HOME") or os.path.join(os.path.expanduser("~"), ".areal")
+        name = self.proxy_id or self.model or "proxy"
+        return os.path.join(home, "proxy", f"{name}.sqlite")
+
     def problems(self) -> list[str]:
-        """What is missing for inference mode (empty when the settings are usable)."""
+        """What is missing for the chosen mode (empty when the settings are usable)."""
+        if self.mode == "agent":
+            return [] if self.worker_addr else ["--worker-addr is required in agent mode"]
         out = []
         for name in ("engine_url", "model", "tokenizer_path"):
             if not getattr(self, name):

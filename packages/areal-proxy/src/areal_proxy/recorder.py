@@ -1,0 +1,82 @@
+"""Records the requests made with a session key on that session (RL recording).
+
+Requests with the admin key record nothing: the admin key is an operator's
+tool for plain inference and never a session (decision documented in the
+package README). A session key's request is authorized against the session
+(its key hash), gets its parent turn (longest conversation prefix), and is
+committed to SQLite before the answer is acknowledged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from areal_proto.common.v1.envelope_pb2 import Envelope
+from areal_proxy.generation import GenerationRecord
+from areal_proxy.recording.model import Interaction
+from areal_proxy.recording.sessions import SessionBook, Turn
+
+
+@dataclass(slots=True)
+class OpenTurn:
+    turn: Turn
+    interaction_id: str
+    started: float
+    # Tokens the prompt took over from the parent turn (concat template), else 0.
+    inherited: int = 0
+
+    @property
+    def previous_ids(self) -> list[int] | None:
+        p = self.turn.parent
+        return [*p.prompt_ids, *p.output_ids] if p is not None else None
+
+
+class Recorder:
+    def __init__(self, book: SessionBook) -> None:
+        self.book = book
+
+    def begin(
+        self, env: Envelope | None, messages: list[dict[str, Any]] | None, interaction_id: str
+    ) -> OpenTurn | None:
+        """The open turn of a session request, or None for a request to record nothing."""
+        if env is None or not env.session_id:
+            return None
+        session = self.book.authorize(env.session_id, env.api_key, for_turn=True)
+        return OpenTurn(self.book.begin_turn(session, messages), interaction_id, time.time())
+
+    async def commit(
+        self,
+        ot: OpenTurn,
+        *,
+        messages: list[dict[str, Any]] | str,
+        response: dict[str, Any] | str,
+        rec: GenerationRecord,
+        finish_reason: str,
+    ) -> Interaction:
+        now = time.time()
+        timings = {"total_s": now - ot.started}
+        if rec.first_token_at is not None:
+            timings["ttft_s"] = rec.first_token_at - rec.created
+        parent = ot.turn.parent
+        prev = ot.previous_ids
+        inherited = len(prev) if prev and rec.prompt_ids[: len(prev)] == prev else 0
+        it = Interaction(
+            interaction_id=ot.interaction_id,
+            session_id=ot.turn.session.session_id,
+            seq=0,
+            messages=messages,
+            response=response,
+            prompt_ids=list(rec.prompt_ids),
+            output_ids=list(rec.token_ids),
+            logprobs=list(rec.logprobs),
+            versions=list(rec.versions),
+            finish_reason=finish_reason,
+            parent_id=parent.interaction_id if parent is not None else None,
+            created_at=ot.started,
+            finished_at=now,
+            timings=timings,
+            inherited=inherited,
+        )
+        return await self.book.record(it)
