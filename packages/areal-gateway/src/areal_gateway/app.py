@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -64,6 +66,11 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await gateway.aclose()
 
+    extra: dict[str, Any] = {}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        # FastAPI's native OpenTelemetry looks up the global providers (environment reads) on
+        # every request; the gateway reports through its own Prometheus metrics instead.
+        extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(
         title="areal-gateway",
         version=gateway.version,
@@ -71,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
         lifespan=lifespan,
+        **extra,
     )
     app.state.gateway = gateway
     install_error_handlers(app)

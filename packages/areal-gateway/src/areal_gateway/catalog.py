@@ -29,6 +29,7 @@ class ModelCatalog:
         # External models registered through this gateway: the router may redact their key.
         self._local: dict[str, tuple[router_pb2.ModelInfo, float]] = {}
         self._fetched_at = float("-inf")
+        self._attempted_at = float("-inf")
         self._inflight: asyncio.Task[None] | None = None
 
     def _stale(self) -> bool:
@@ -54,6 +55,7 @@ class ModelCatalog:
 
     def _refresh(self) -> asyncio.Task[None]:
         if self._inflight is None or self._inflight.done():
+            self._attempted_at = time.monotonic()
             self._inflight = asyncio.ensure_future(self._fetch())
         return self._inflight
 
@@ -63,7 +65,14 @@ class ModelCatalog:
         return list(self._models.values())
 
     def external(self, name: str) -> router_pb2.ModelInfo | None:
-        if self._stale() and (self._inflight is None or self._inflight.done()):
+        # Refresh in the background; a router that is down is asked again after `ttl`,
+        # not on every request.
+        now = time.monotonic()
+        if (
+            now - self._fetched_at > self._ttl
+            and now - self._attempted_at > self._ttl
+            and (self._inflight is None or self._inflight.done())
+        ):
             task = self._refresh()
             task.add_done_callback(_log_failure)
         return self._external.get(name)
