@@ -273,6 +273,14 @@ def test_models_list_with_sdk_and_cache(stack: Stack, model: str) -> None:
     assert "m-late" in [m.id for m in client.models.list()]
 
 
+def test_models_retrieve_with_sdk(stack: Stack, model: str) -> None:
+    client = sdk(stack)
+    m = client.models.retrieve(model)
+    assert m.id == model and m.object == "model" and m.created == 1700000000
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
 def test_health_and_metrics_need_no_key(stack: Stack, http: httpx.Client) -> None:
     r = http.get("/health")
     assert r.status_code == 200
