@@ -168,6 +168,8 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
     produced: list[tuple[str, int, float]] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: list[str] = field(default_factory=list)
+    # What GetStats reports as the served model (a real router checks it).
+    model: str = ""
 
     def _record(self, method: str, request: Any, context: Any) -> dict[str, Any]:
         md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -288,6 +290,13 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
             if rid not in self.cancelled:
                 self.cancelled.append(rid)
             raise
+
+    async def GetStats(self, request: Any, context: Any) -> Any:
+        from areal_proto.proxy.v1 import proxy_pb2
+
+        return proxy_pb2.ProxyStats(
+            healthy=True, model=self.model, detail=f"FAKE proxy {self.proxy_id}"
+        )
 
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
         return await self._unary("ChatCompletion", request, context)
