@@ -7,7 +7,8 @@ Measures, each in a fresh process as a user would run it:
   - `areal inf ps` (one running service) target <= 300 ms
   - `areal inf run --detach` (no model) until healthy, target <= 2 s  (needs the service binaries)
   - `areal inf stop` of that healthy service, target <= 1 s
-plus the import time of `areal_cli.main` alone. Uses a temporary AREAL_HOME and
+plus the import time of `areal_cli.main` alone. "cpu ms" is the median user+sys
+time of the CLI process itself (for run/stop the services' own start-up is not in it). Uses a temporary AREAL_HOME and
 free loopback ports; everything it starts is stopped. Numbers depend on machine
 load: the 2-core machines this project runs on are often shared.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -39,16 +41,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_cpu_log: list[float] = []
+
+
 def timed(argv: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one run; its CPU seconds (user + sys of the CLI process) go to _cpu_log."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _cpu_log.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
     return took
 
 
-def summary(name: str, times: list[float], target: float | None) -> list[str]:
+def measure(argv: list[str], env: dict[str, str], n: int) -> tuple[list[float], list[float]]:
+    start = len(_cpu_log)
+    times = [timed(argv, env) for _ in range(n)]
+    return times, _cpu_log[start:]
+
+
+def summary(
+    name: str, times: list[float], target: float | None, cpu: list[float] | None = None
+) -> list[str]:
     med = statistics.median(times)
     ok = "" if target is None else ("yes" if med <= target else "NO")
     tgt = "-" if target is None else f"{target * 1000:.0f}"
@@ -58,6 +75,7 @@ def summary(name: str, times: list[float], target: float | None) -> list[str]:
         f"{med * 1000:.0f}",
         f"{min(times) * 1000:.0f}",
         f"{max(times) * 1000:.0f}",
+        f"{statistics.median(cpu) * 1000:.0f}" if cpu else "-",
         tgt,
         ok,
     ]
@@ -72,50 +90,47 @@ def main() -> int:
     home = tempfile.mkdtemp(prefix="areal-bench-home-")
     env = {k: v for k, v in os.environ.items() if k != "AREAL_ADMIN_API_KEY"}
     env["AREAL_HOME"] = home
+    # Measure as a user runs it: bytecode cached after the first run (a warm-up run
+    # per command writes it). With PYTHONDONTWRITEBYTECODE every run recompiles typer.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     areal = areal_cmd()
     rows = []
     try:
-        imp = [
-            timed([sys.executable, "-c", "import areal_cli.main"], env) for _ in range(args.runs)
-        ]
-        bare = [timed([sys.executable, "-c", "pass"], env) for _ in range(args.runs)]
-        rows.append(summary("python -c pass (baseline)", bare, None))
-        rows.append(summary("python -c 'import areal_cli.main'", imp, None))
+        timed([sys.executable, "-c", "import areal_cli.main"], env)  # warm-up
+        bare = measure([sys.executable, "-c", "pass"], env, args.runs)
+        imp = measure([sys.executable, "-c", "import areal_cli.main"], env, args.runs)
+        rows.append(summary("python -c pass (baseline)", *bare[:1], None, bare[1]))
+        rows.append(summary("python -c 'import areal_cli.main'", imp[0], None, imp[1]))
         timed([*areal, "--help"], env)  # warm the bytecode cache
-        rows.append(
-            summary(
-                "areal --help", [timed([*areal, "--help"], env) for _ in range(args.runs)], 0.150
-            )
-        )
+        hlp = measure([*areal, "--help"], env, args.runs)
+        rows.append(summary("areal --help", hlp[0], 0.150, hlp[1]))
         have_binaries = all(
             shutil.which(b, path=env["PATH"]) for b in ("areal-gateway", "areal-router")
         )
         if not have_binaries:
             print("service binaries not on PATH: only --help and an empty ps are measured")
-            rows.append(
-                summary(
-                    "areal inf ps (no services)",
-                    [timed([*areal, "inf", "ps"], env) for _ in range(args.runs)],
-                    0.300,
-                )
-            )
+            ps = measure([*areal, "inf", "ps"], env, args.runs)
+            rows.append(summary("areal inf ps (no services)", ps[0], 0.300, ps[1]))
         else:
-            runs, stops, pss = [], [], []
+            runs: list[float] = []
+            stops: list[float] = []
+            pss: tuple[list[float], list[float]] = ([], [])
+            timed([*areal, "inf", "ps"], env)  # warm-up
             for i in range(args.lifecycle_runs):
                 port = str(free_port())
                 runs.append(timed([*areal, "inf", "run", "--port", port, "--detach"], env))
                 if i == 0:
-                    pss = [timed([*areal, "inf", "ps"], env) for _ in range(args.runs)]
+                    pss = measure([*areal, "inf", "ps"], env, args.runs)
                 stops.append(timed([*areal, "inf", "stop"], env))
-            rows.append(summary("areal inf ps (1 service running)", pss, 0.300))
+            rows.append(summary("areal inf ps (1 service running)", pss[0], 0.300, pss[1]))
             rows.append(summary("areal inf run --detach (no model)", runs, 2.0))
             rows.append(summary("areal inf stop (healthy service)", stops, 1.0))
     finally:
         subprocess.run([*areal, "inf", "stop", "--force"], env=env, capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
 
-    headers = ["command", "runs", "median ms", "min ms", "max ms", "target ms", "met"]
+    headers = ["command", "runs", "median ms", "min ms", "max ms", "cpu ms", "target ms", "met"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     print(line.format(*headers))
