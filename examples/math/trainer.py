@@ -347,7 +347,7 @@ class Trainer:
         out = []
         for i, r in enumerate(rows):
             k = len(r["input_ids"])
-            lp = [0.0] + token_lp[i, : k - 1].tolist()
+            lp = [0.0, *token_lp[i, : k - 1].tolist()]
             out.append([v if m else 0.0 for v, m in zip(lp, r["loss_mask"], strict=True)])
         return {"logprobs": out}
 
