@@ -9,7 +9,7 @@ import socket
 import time
 
 import pytest
-from conftest import ADMIN_KEY, BIN, PARROT, free_port, needs_binaries, needs_engine
+from cli_helpers import ADMIN_KEY, BIN, PARROT, free_port, needs_binaries, needs_engine
 
 pytestmark = needs_binaries
 

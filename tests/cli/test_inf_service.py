@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ADMIN_KEY, PARROT, free_port, needs_binaries, needs_engine
+from cli_helpers import ADMIN_KEY, PARROT, free_port, needs_binaries, needs_engine
 
 pytestmark = [needs_binaries, needs_engine, pytest.mark.engine]
 

@@ -82,27 +82,3 @@ def fakes(home, tmp_path):
     env["AREAL_HOME"] = str(home)
     env["CUDA_VISIBLE_DEVICES"] = ""
     return Fakes(home, b, env)
-
-
-def service_pids(home: Path) -> list[int]:
-    """Live stand-in service processes started under this AREAL_HOME (seen in their environment)."""
-    out = []
-    marker = f"AREAL_HOME={home}".encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-            if b"fake_service" not in cmd:
-                continue
-            with open(f"/proc/{d}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-        except OSError:
-            continue
-        out.append(int(d))
-    return out

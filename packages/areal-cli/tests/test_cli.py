@@ -18,7 +18,6 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from conftest import service_pids
 
 from areal_cli import state as st
 
@@ -27,6 +26,29 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def service_pids(home):
+    """Live stand-in service processes started under `home` (seen in their environment)."""
+    marker = f"AREAL_HOME={home}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if b"fake_service" not in f.read():
+                    continue
+            with open(f"/proc/{d}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        out.append(int(d))
+    return out
 
 
 def _wait_gone(home, timeout=10.0):
