@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make a fresh machine (Python 3.11 + pip only) ready: uv, the workspace venv,
-# and the CPU SGLang engine (cached outside the checkout). Idempotent.
+# and the CPU engines, SGLang and vLLM (cached outside the checkout). Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export UV_PYTHON_DOWNLOADS=never
@@ -11,3 +11,4 @@ if ! command -v uv >/dev/null || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VER
 fi
 uv sync --locked --quiet
 scripts/install-engine.sh sglang >/dev/null
+scripts/install-engine.sh vllm >/dev/null

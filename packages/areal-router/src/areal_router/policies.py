@@ -276,7 +276,20 @@ class Router:
                 f"unknown policy {policy_name!r} (one of {', '.join(self.policies)})",
                 param="policy",
             )
-        model = self._model(model_name)
+        if not model_name and session_id:
+            # "Where does this session live?" (rewards, exports): the pin decides, and the
+            # model is the pinned proxy's.
+            pid = self.registry.pins.get(session_id)
+            proxy_state = self.registry.proxies.get(pid) if pid is not None else None
+            if proxy_state is None:
+                raise ServiceError(
+                    404,
+                    f"session {session_id!r} is not known to the router",
+                    code="session_not_found",
+                )
+            model = self._model(proxy_state.model)
+        else:
+            model = self._model(model_name)
         if model.kind == EXTERNAL:
             return Decision(model, None, policy_name)
         if session_id:
