@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from areal_gateway import admin
+from areal_gateway import admin, control, rl
 from areal_gateway.metrics import MetricsMiddleware
 from areal_gateway.openai import chat, completions, models
 from areal_gateway.openai.errors import error_response, install_error_handlers
@@ -87,7 +87,14 @@ def create_app(settings: Settings) -> FastAPI:
     routes.append(Route("/health", health, methods=["GET"]))
     routes.append(Route("/metrics", metrics, methods=["GET"]))
     if settings.mode == "inference":
-        routes.extend(chat.routes + completions.routes + models.routes + admin.routes)
+        routes.extend(
+            chat.routes
+            + completions.routes
+            + models.routes
+            + admin.routes
+            + rl.routes
+            + control.routes
+        )
     else:
         routes.append(
             Route(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from areal_proto.service.errors import ServiceError
+from areal_proto.service.session_keys import session_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,10 @@ class Authenticator:
         if hmac.compare_digest(key.encode(), self._admin):
             return Principal(api_key=key, is_admin=True)
         session_id = self._sessions.get(_digest(key)) if self._sessions else None
+        if session_id is None:
+            # An RL session key names its session; the proxy holding the session checks
+            # the key's hash, so the gateway keeps no key and loses none on restart.
+            session_id = session_of(key)
         if session_id is not None:
             return Principal(api_key=key, is_admin=False, session_id=session_id)
         raise ServiceError(401, "Invalid API key.", code="invalid_api_key")

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from areal_proto.common.v1 import envelope_pb2
-from areal_proto.proxy.v1 import proxy_pb2_grpc
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proto.service.auth import call_metadata
 from areal_proto.service.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
@@ -144,6 +144,17 @@ class RouterClient:
         )
         return bool(resp.existed)
 
+    async def bind_sessions(
+        self, session_ids: Sequence[str], model: str, *, kind: int = router_pb2.PROXY_KIND_INFERENCE
+    ) -> router_pb2.BindSessionResponse:
+        req = router_pb2.BindSessionRequest(session_ids=list(session_ids), model=model, kind=kind)  # type: ignore[arg-type]
+        return await self._call(self._stub.BindSession, req)
+
+    async def release_sessions(self, session_ids: Sequence[str]) -> int:
+        req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids))
+        resp = await self._call(self._stub.ReleaseSession, req)
+        return int(resp.released)
+
     async def close(self, grace: float | None = None) -> None:
         await self._channel.close(grace)
 
@@ -210,6 +221,56 @@ class ProxyClient:
     ) -> AsyncIterator[bytes]:
         return self._stream(self._stub.CompletionStream, request, timeout_s)
 
+    # -- RL sessions and generation control (unary, never generation: safe to fail fast) --
+
+    async def _call(
+        self, method: Any, request: Any, timeout_s: float | None = ROUTER_TIMEOUT
+    ) -> Any:
+        try:
+            return await method(request, timeout=timeout_s, metadata=self._md)
+        except grpc.RpcError as exc:
+            raise _proxy_error(exc, self.address, started=True) from None
+
+    async def start_sessions(
+        self, request: proxy_pb2.StartSessionsRequest
+    ) -> proxy_pb2.StartSessionsResponse:
+        return await self._call(self._stub.StartSessions, request)
+
+    async def end_sessions(self, request: proxy_pb2.EndSessionsRequest) -> int:
+        return int((await self._call(self._stub.EndSessions, request)).ended)
+
+    async def set_reward(self, request: proxy_pb2.SetRewardRequest) -> proxy_pb2.SetRewardResponse:
+        return await self._call(self._stub.SetReward, request)
+
+    async def export(
+        self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
+    ) -> AsyncIterator[bytes]:
+        """JSON lines of exported rows, chunk by chunk as the proxy reads them."""
+        call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise _proxy_error(exc, self.address, started=True) from None
+                if msg is grpc.aio.EOF:
+                    return
+                yield bytes(msg.jsonl)
+        finally:
+            if not call.done():
+                call.cancel()
+
+    async def control(
+        self, action: str, request: Any, timeout_s: float | None
+    ) -> proxy_pb2.ControlResponse:
+        method = {
+            "pause": self._stub.Pause,
+            "continue": self._stub.Continue,
+            "set_version": self._stub.SetVersion,
+            "update_weights": self._stub.UpdateWeights,
+        }[action]
+        return await self._call(method, request, timeout_s)
+
 
 class ProxyPool:
     """One `ProxyClient` (one channel) per proxy address, made on first use and reused."""
@@ -227,6 +288,129 @@ class ProxyPool:
 
     def __len__(self) -> int:
         return len(self._clients)
+
+    async def close(self, grace: float | None = None) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c._channel.close(grace) for c in clients), return_exceptions=True)
+
+
+# --- agent mode ---------------------------------------------------------------------------------
+
+# Metadata naming the session key a non-admin caller presented, on the agent RPCs whose
+# request carries no envelope (close, history): the proxy checks it against the session's hash.
+SESSION_KEY_METADATA = "x-areal-session-key"
+
+
+class AgentProxyClient:
+    """The agent-mode RPCs of one data proxy (sessions, turns, rewards, export)."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
+        self.address = address
+        self._channel = channel
+        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
+        self._md = tuple(md)
+
+    def _keyed(self, session_key: str) -> tuple[tuple[str, str], ...]:
+        return (*self._md, (SESSION_KEY_METADATA, session_key)) if session_key else self._md
+
+    async def _unary(
+        self, method: Any, request: Any, timeout_s: float | None, md: Sequence[tuple[str, str]]
+    ) -> Any:
+        call = method(request, timeout=timeout_s, metadata=md)
+        try:
+            return await call
+        except grpc.RpcError as exc:
+            raise _proxy_error(exc, self.address, started=False) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    async def create_session(
+        self, session_id: str, session_key: str, metadata: bytes, timeout_s: float | None = 60.0
+    ) -> proxy_pb2.CreateAgentSessionResponse:
+        req = proxy_pb2.CreateAgentSessionRequest(
+            session_id=session_id, session_api_key=session_key, metadata=metadata
+        )
+        return await self._unary(self._stub.CreateAgentSession, req, timeout_s, self._md)
+
+    async def close_session(
+        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
+    ) -> bool:
+        """`session_key` empty: the caller is the admin."""
+        req = proxy_pb2.CloseAgentSessionRequest(session_id=session_id)
+        resp = await self._unary(
+            self._stub.CloseAgentSession, req, timeout_s, self._keyed(session_key)
+        )
+        return bool(resp.existed)
+
+    async def history(
+        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
+    ) -> bytes:
+        req = proxy_pb2.GetAgentHistoryRequest(session_id=session_id)
+        resp = await self._unary(
+            self._stub.GetAgentHistory, req, timeout_s, self._keyed(session_key)
+        )
+        return bytes(resp.history)
+
+    async def set_reward(
+        self, request: proxy_pb2.SetRewardRequest, timeout_s: float | None = 60.0
+    ) -> proxy_pb2.SetRewardResponse:
+        return await self._unary(self._stub.SetReward, request, timeout_s, self._md)
+
+    async def turn(
+        self, request: proxy_pb2.AgentTurnRequest, timeout_s: float | None
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """(event type, JSON data) as the agent emits them; a failure is a `ServiceError`."""
+        call = self._stub.AgentTurn(request, timeout=timeout_s, metadata=self._md)
+        started = False
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise _proxy_error(exc, self.address, started=started) from None
+                if msg is grpc.aio.EOF:
+                    return
+                started = True
+                yield msg.type, bytes(msg.data)
+        finally:
+            # Client gone or consumer stopped: the proxy (and the agent) must see it.
+            if not call.done():
+                call.cancel()
+
+    async def export(
+        self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
+    ) -> list[bytes]:
+        """The exported rows as JSON-lines chunks."""
+        call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
+        chunks: list[bytes] = []
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise _proxy_error(exc, self.address, started=True) from None
+                if msg is grpc.aio.EOF:
+                    return chunks
+                chunks.append(bytes(msg.jsonl))
+        finally:
+            if not call.done():
+                call.cancel()
+
+
+class AgentProxyPool:
+    """One `AgentProxyClient` (one channel) per agent proxy address, reused."""
+
+    def __init__(self, token: str) -> None:
+        self._md = call_metadata(token)
+        self._clients: dict[str, AgentProxyClient] = {}
+
+    def get(self, address: str) -> AgentProxyClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = AgentProxyClient(address, _channel(address), self._md)
+            self._clients[address] = client
+        return client
 
     async def close(self, grace: float | None = None) -> None:
         clients, self._clients = list(self._clients.values()), {}
