@@ -126,6 +126,22 @@ def test_concat_continues_previous_tokens(tok):
     )
 
 
+def test_concat_after_an_answer_cut_by_max_tokens(tok):
+    """The answer never generated its end-of-turn marker: the template's marker is added
+    as prompt text after the exact answer tokens, nothing is re-tokenized."""
+    pb = PromptBuilder(tok, template_type="concat")
+    first = [{"role": "user", "content": "hi"}]
+    answer = tok.encode("ab ab")
+    previous = [*pb.prompt_ids(first), *answer]
+    msgs = [*first, {"role": "assistant", "content": "ab ab"}, {"role": "user", "content": "more"}]
+    ids = pb.prompt_ids(msgs, previous_ids=previous, previous_messages=2)
+    assert ids[: len(previous)] == previous
+    assert tok.decode(ids[len(previous) :], skip_special_tokens=False) == (
+        "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tok.decode(ids, skip_special_tokens=False) == pb.render(msgs)
+
+
 def test_settings_flags_env_and_required(monkeypatch):
     monkeypatch.setenv("AREAL_PROXY_ENGINE_MAX_TOKENS", "64")
     monkeypatch.setenv("AREAL_PROXY_MODEL", "from-env")

@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from areal_proxy.recording.concat import continue_tokens
 from areal_proxy.tokenizer import ModelTokenizer
 
 
@@ -118,18 +119,30 @@ class PromptBuilder:
         `hf`) the whole conversation is rendered.
         """
         if self.template_type == "concat" and previous_ids and 0 < previous_messages:
-            full = self.render(messages, tools, extra)
-            # The new messages rendered after the previous ones: the text the previous
-            # turn's rendering (without a generation prompt) does not cover.
+            # What the template writes after the previous turn's exact tokens (its end-of-turn
+            # marker when the answer stopped on length, the newline after it, the new
+            # messages, the generation prompt) is tokenized; the previous tokens are kept.
+            ids = continue_tokens(
+                previous_ids,
+                self.render(messages, tools, extra),
+                lambda t: self._tok.decode(t, skip_special_tokens=False),
+                self._tok.encode,
+            )
+            if ids is not None:
+                return ids
+            # The client echoed the answer differently (reasoning split off, say); the
+            # parent match already vouched for it, so keep its tokens and add what the
+            # template writes after the previous messages.
             head = self._template.render(
                 messages[:previous_messages], tools=tools, add_generation_prompt=False, extra=extra
             )
+            full = self.render(messages, tools, extra)
             if full.startswith(head):
-                # The previous answer's tokens end at its end-of-turn token; what the
-                # template writes after it (a newline, say) was never generated: keep it.
                 cut = len(head)
                 eos = self._tok.eos_token
                 if eos and (at := head.rfind(eos)) >= 0:
-                    cut = at + len(eos)
+                    # An answer cut by max_tokens never generated its end-of-turn marker.
+                    ended = previous_ids[-1] in self._tok.eos_token_ids
+                    cut = at + len(eos) if ended else at
                 return [*previous_ids, *self._tok.encode(full[cut:])]
         return self._tok.encode(self.render(messages, tools, extra))

@@ -23,6 +23,19 @@ log = logging.getLogger("areal_proxy.agent")
 
 _NOT_HERE = ServiceError(409, "this data proxy runs in agent mode", code="wrong_mode")
 
+# The session key a non-admin caller presented, on calls without an envelope (close,
+# history); absent = the gateway acts for the admin. The internal token authenticates the
+# gateway itself.
+SESSION_KEY_METADATA = "x-areal-session-key"
+
+
+def _caller(context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+    """(key, is_admin) for `AgentSessions.get`."""
+    for k, v in context.invocation_metadata() or ():
+        if k == SESSION_KEY_METADATA:
+            return (v if isinstance(v, str) else v.decode()), False
+    return "", True
+
 
 class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
     def __init__(
@@ -145,16 +158,25 @@ class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def CloseAgentSession(
         self, request: proxy_pb2.CloseAgentSessionRequest, context: grpc.aio.ServicerContext
     ) -> proxy_pb2.CloseAgentSessionResponse:
-        s = self.sessions.pop(request.session_id)
+        try:
+            key, admin = _caller(context)
+            s = self.sessions.get(request.session_id, key, is_admin=admin)
+        except ServiceError as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
         if s is not None:
-            self.sessions._by_id[s.session_id] = s  # _close pops it again, after the hooks
             await self._close(s)
         return proxy_pb2.CloseAgentSessionResponse(existed=s is not None)
 
     async def GetAgentHistory(
         self, request: proxy_pb2.GetAgentHistoryRequest, context: grpc.aio.ServicerContext
     ) -> proxy_pb2.GetAgentHistoryResponse:
-        s = self.sessions.get(request.session_id, "", is_admin=True)
+        try:
+            key, admin = _caller(context)
+            s = self.sessions.get(request.session_id, key, is_admin=admin)
+        except ServiceError as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
         if s is None:
             await abort(
                 context,
