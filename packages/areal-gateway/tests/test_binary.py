@@ -150,9 +150,10 @@ def test_agent_mode_env_settings_port_in_use_and_sigint(stack: Stack, tmp_path: 
         url = f"http://127.0.0.1:{info['port']}"
         assert httpx.get(url + "/health").json()["mode"] == "agent"
         assert httpx.get(url + "/metrics").status_code == 200
+        # agent mode: every endpoint but health and metrics needs a key
         r = httpx.post(url + "/v1/chat/completions", json={})
-        assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
-        assert httpx.get(url + "/v1/models").status_code == 501
+        assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
+        assert httpx.get(url + "/v1/models").status_code == 404
         # the port is taken: a second gateway says so and exits 1
         r2 = run(["--router-addr", stack.router_addr, "--port", str(info["port"])], env=env())
         assert r2.returncode == 1 and "cannot listen" in r2.stderr

@@ -96,10 +96,8 @@ def create_app(settings: Settings) -> FastAPI:
             + control.routes
         )
     else:
-        routes.append(
-            Route(
-                "/{path:path}", not_implemented, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
-            )
-        )
+        from areal_gateway import agent
+
+        routes.extend(agent.routes)
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return app

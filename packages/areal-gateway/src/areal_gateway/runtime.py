@@ -16,7 +16,7 @@ import time
 from areal_gateway import __version__
 from areal_gateway.auth import Authenticator
 from areal_gateway.catalog import ModelCatalog
-from areal_gateway.clients import ProxyPool, RouterClient
+from areal_gateway.clients import AgentProxyPool, ProxyPool, RouterClient
 from areal_gateway.external import ExternalForwarder
 from areal_gateway.metrics import Metrics
 from areal_gateway.settings import Settings
@@ -39,6 +39,7 @@ class Gateway:
         self._proxies: ProxyPool | None = None
         self._catalog: ModelCatalog | None = None
         self._external: ExternalForwarder | None = None
+        self._agents: AgentProxyPool | None = None  # agent mode
         self._closed = False
 
     # The clients exist between start() and aclose(); endpoints only run in between.
@@ -62,6 +63,11 @@ class Gateway:
         assert self._external is not None, "gateway not started"
         return self._external
 
+    @property
+    def agents(self) -> AgentProxyPool:
+        assert self._agents is not None, "gateway not started"
+        return self._agents
+
     async def start(self) -> None:
         if self._router is not None:
             return
@@ -70,6 +76,7 @@ class Gateway:
         self._proxies = ProxyPool(token)
         self._catalog = ModelCatalog(self._router)
         self._external = ExternalForwarder()
+        self._agents = AgentProxyPool(token)
 
     async def aclose(self, grace: float | None = None) -> None:
         if self._closed or self._router is None:
@@ -83,6 +90,7 @@ class Gateway:
             self._proxies.close(grace),
             self._router.close(grace),
             self._external.aclose(),
+            self.agents.close(grace),
             return_exceptions=True,
         )
         log.info("clients closed")
