@@ -114,10 +114,9 @@ def start_pair(
     proxy_args: list[str],
     proxy_env: dict[str, str],
 ) -> Pair:
-    worker_env = {
-        **stack.env,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-    }
+    # The repo root (examples.agents.*) and this folder (areal_test_agents).
+    path = [str(ROOT), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    worker_env = {**stack.env, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     worker = launch(
         f"worker-{index}",
         ["areal-agent-worker", "--agent", agent, "--port", "0"],
