@@ -44,6 +44,7 @@ def common(p: argparse.ArgumentParser) -> None:
 
 
 MODELS: dict[str, dict] = {}
+PAIRS: dict[str, dict] = {}  # agent mode: proxy_id -> worker JSON
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -71,11 +72,22 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "pid": os.getpid()})
         elif self.path == "/admin/models" and self._admin():
             self._send(200, {"models": list(MODELS.values())})
-        elif self.path not in ("/admin/models",):
+        elif self.path in ("/admin/workers", "/admin/pairs") and self._admin():
+            key = "workers" if self.path == "/admin/workers" else "pairs"
+            self._send(200, {key: list(PAIRS.values())})
+        elif self.path not in ("/admin/models", "/admin/workers", "/admin/pairs"):
             self._send(404, {"error": {"message": "not found"}})
 
     def do_POST(self) -> None:
-        if self.path == "/admin/models" and self._admin():
+        if self.path == "/admin/pairs" and self._admin():
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if os.environ.get("FAKE_REFUSE_PAIRS"):
+                self._send(400, {"error": {"message": "pairs refused as asked"}})
+                return
+            health = os.environ.get("FAKE_PAIR_HEALTH", "healthy")
+            PAIRS[body["proxy_id"]] = {**body, "model": "agent", "kind": "agent", "health": health}
+            self._send(201, {**body, "model": "agent"})
+        elif self.path == "/admin/models" and self._admin():
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             if body["name"] in MODELS:
                 self._send(409, {"error": {"message": "exists"}})
@@ -144,15 +156,31 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(prog=f"fake-{role}")
     common(p)
+    if role == "agent-worker":
+        p.add_argument("--agent", required=True)
+        p.add_argument("--drain-timeout")
+        a = p.parse_args(argv)
+        module, _, cls = a.agent.rpartition(".")
+        try:
+            import importlib
+
+            getattr(importlib.import_module(module), cls)
+        except Exception as e:  # like the real worker: one line, exit 2
+            print(f"areal-agent-worker: error: cannot load {a.agent}: {e}", file=sys.stderr)
+            sys.exit(2)
+        serve_tcp(a.host, a.port, a.ready_file, "agent-worker")
+        return
     if role == "gateway":
         p.add_argument("--router-addr", required=True)
         p.add_argument("--mode", default="inference")
+        p.add_argument("--drain-timeout")
         a = p.parse_args(argv)
         if not os.environ.get("AREAL_ADMIN_API_KEY") or not os.environ.get("AREAL_INTERNAL_TOKEN"):
             sys.exit("gateway: secrets missing from the environment")
         serve_http(a.host, a.port, a.ready_file, "gateway")
     elif role == "router":
         p.add_argument("--policy", default="round_robin")
+        p.add_argument("--drain-timeout")
         a = p.parse_args(argv)
         serve_tcp(a.host, a.port, a.ready_file, "router")
     elif role == "proxy":
@@ -164,9 +192,20 @@ def main() -> None:
             "--engine",
             "--request-timeout",
             "--chat-template-type",
+            "--mode",
+            "--worker-addr",
+            "--session-timeout",
+            "--drain-timeout",
+            "--inf-gateway-url",
+            "--inf-model",
         ):
             p.add_argument(flag)
         a = p.parse_args(argv)
+        if a.mode == "agent":
+            if not a.worker_addr:
+                sys.exit("proxy: --worker-addr is required in agent mode")
+            if a.inf_gateway_url and not os.environ.get("AREAL_PROXY_INF_ADMIN_API_KEY"):
+                sys.exit("proxy: linked but AREAL_PROXY_INF_ADMIN_API_KEY is not set")
         serve_tcp(a.host, a.port, a.ready_file, "proxy")
 
 

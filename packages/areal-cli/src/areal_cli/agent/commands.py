@@ -1,7 +1,7 @@
-"""`areal agent` commands that work on any recorded agent service.
+"""`areal agent` commands: thin typer wrappers; the work is imported lazily.
 
-`run` lands with the agent launcher; ps / status / logs / stop already work on
-what it records (components `gateway`, `router`, `worker-<i>`, `proxy-<i>`).
+`run` is in agent/launch.py; ps / status / logs / stop are the shared lifecycle
+(components `gateway`, `router`, `worker-<i>`, `proxy-<i>`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,110 @@ def _cfg(ctx: typer.Context):
     from areal_cli import config
 
     return config.load("agent", ctx.obj)
+
+
+@app.command(no_args_is_help=False)
+def run(
+    ctx: typer.Context,
+    service: Service = None,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            help="Import path of the agent class, package.module.Class (required; or [run] "
+            "agent). The caller's working directory is put first on the workers' PYTHONPATH."
+        ),
+    ] = None,
+    num_pairs: Annotated[
+        int | None, typer.Option(help="Worker/data-proxy pairs to start [default: 1].")
+    ] = None,
+    admin_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AREAL_ADMIN_API_KEY",
+            help="Admin key of the gateway [default: generated]; kept in a 0600 file beside the state.",
+            show_envvar=True,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Stop whatever the existing state of this service records, then start."
+        ),
+    ] = False,
+    setup_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds every component gets to become healthy [default: 120]."),
+    ] = None,
+    health_poll_interval: Annotated[
+        float | None, typer.Option(help="Seconds between health polls during setup [default: 5].")
+    ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds each component drains in-flight work on SIGTERM [default: 30]."),
+    ] = None,
+    session_timeout: Annotated[
+        float | None, typer.Option(help="Seconds an idle agent session lives [default: 1800].")
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning, error [default: info].")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Gateway bind address [default: 127.0.0.1].")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Gateway port [default: 0 = the OS picks; see status].")
+    ] = None,
+    routing_strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Router policy for new sessions [default: session_affinity: least loaded, then "
+            "sticky]."
+        ),
+    ] = None,
+    inf_service: Annotated[
+        str | None,
+        typer.Option(
+            help="Link a running `areal inf` service: the agent's LLM calls go through its "
+            "gateway (URL and admin key read from its state)."
+        ),
+    ] = None,
+    inf_gateway_url: Annotated[
+        str | None,
+        typer.Option(help="Link an inference gateway by URL (with --inf-admin-api-key)."),
+    ] = None,
+    inf_admin_api_key: Annotated[
+        str | None, typer.Option(help="Admin key of the --inf-gateway-url gateway.")
+    ] = None,
+    inf_model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model the agent's LLM calls use [default: the linked service's only model]."
+        ),
+    ] = None,
+) -> None:
+    """Start an agent service (router, gateway, N worker/data-proxy pairs) and return."""
+    from areal_cli.agent import launch
+
+    opts = launch.RunOptions(
+        service=service,
+        agent=agent,
+        num_pairs=num_pairs,
+        admin_api_key=admin_api_key,
+        force=force,
+        setup_timeout=setup_timeout,
+        health_poll_interval=health_poll_interval,
+        drain_timeout=drain_timeout,
+        session_timeout=session_timeout,
+        log_level=log_level,
+        host=host,
+        port=port,
+        routing_strategy=routing_strategy,
+        inf_service=inf_service,
+        inf_gateway_url=inf_gateway_url,
+        inf_admin_api_key=inf_admin_api_key,
+        inf_model=inf_model,
+    )
+    raise typer.Exit(launch.run(_cfg(ctx), opts))
 
 
 @app.command()

@@ -1,0 +1,618 @@
+"""`areal agent run`: assemble a local agent service and leave it running.
+
+Assembly: router -> gateway (`--mode agent --router-addr`) -> per pair i the agent
+worker `worker-<i>` (`areal-agent-worker --agent pkg.module.Class`, with the
+caller's working directory first on PYTHONPATH so a package beside the caller
+imports), then its data proxy `proxy-<i>` (`areal-proxy --mode agent
+--worker-addr <worker>`) -> `POST /admin/pairs {"proxy_id", "address"}` on the
+gateway for each pair -> wait until every component is healthy. Then `run`
+returns and the service keeps running.
+
+Every process shares one random AREAL_INTERNAL_TOKEN; the gateway gets
+AREAL_ADMIN_API_KEY and linked proxies AREAL_PROXY_INF_ADMIN_API_KEY, all only
+through the environment. A launch that fails stops everything it started and
+leaves no state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from areal_cli import state as st
+from areal_cli import supervisor
+from areal_cli.config import Config
+from areal_cli.errors import CLIError
+from areal_cli.http import call, error_message, gateway_healthy
+from areal_cli.launcher import (
+    Launcher,
+    check_log_level,
+    http_url,
+    progress,
+    resolve_binary,
+    self_identity,
+    stop_signals,
+)
+from areal_cli.supervisor import Component, LaunchError
+
+GROUP = "agent"
+ROUTING_STRATEGIES = (
+    "session_affinity",
+    "least_loaded",
+    "round_robin",
+    "power_of_two",
+    "cache_aware",
+)
+# Built-in defaults (the guide's example config shows the same values).
+DEFAULT_NUM_PAIRS = 1
+DEFAULT_SETUP_TIMEOUT = 120.0
+DEFAULT_HEALTH_POLL_INTERVAL = 5.0
+DEFAULT_DRAIN_TIMEOUT = 30.0
+DEFAULT_SESSION_TIMEOUT = 1800.0
+DEFAULT_PORT = 0  # the OS picks; `status --json | jq -r .gateway.url` tells where
+DEFAULT_ROUTING = "session_affinity"  # new sessions by load, then sticky to their pair
+# Exit code of areal-agent-worker for a bad --agent (its one-line message is the last log line).
+WORKER_USAGE_EXIT = 2
+
+_AGENT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+@dataclass
+class RunOptions:
+    """Flags as given (None = not given); resolved against the config by `resolve`."""
+
+    service: str | None = None
+    agent: str | None = None
+    num_pairs: int | None = None
+    admin_api_key: str | None = None
+    force: bool = False
+    setup_timeout: float | None = None
+    health_poll_interval: float | None = None
+    drain_timeout: float | None = None
+    session_timeout: float | None = None
+    log_level: str | None = None
+    host: str | None = None
+    port: int | None = None
+    routing_strategy: str | None = None
+    inf_service: str | None = None
+    inf_gateway_url: str | None = None
+    inf_admin_api_key: str | None = None
+    inf_model: str | None = None
+
+
+@dataclass
+class InfLink:
+    """The inference service whose gateway records the agent's LLM calls."""
+
+    gateway_url: str
+    admin_api_key: str
+    model: str
+    service: str = ""  # set when linked by --inf-service
+
+
+@dataclass
+class Plan:
+    """Everything `run` needs, resolved and checked before any process starts."""
+
+    service: str
+    agent: str
+    num_pairs: int
+    admin_api_key: str
+    key_source: str
+    force: bool
+    setup_timeout: float
+    health_poll_interval: float
+    drain_timeout: float
+    session_timeout: float
+    log_level: str
+    host: str
+    port: int
+    routing_strategy: str
+    inf: InfLink | None
+
+
+def _positive(name: str, value: float) -> float:
+    if value <= 0:
+        raise CLIError(f"{name} must be positive (got {value:g})", code=2)
+    return value
+
+
+def resolve(cfg: Config, o: RunOptions) -> Plan:
+    """flag > --config > $AREAL_HOME/agent/config.toml > built-in, with every value checked."""
+    service = st.check_name("service", cfg.pick(o.service, "default", "service", "default"))
+    agent = cfg.pick(o.agent, "run", "agent")
+    if not agent:
+        raise CLIError("--agent is required", code=2)
+    if not _AGENT_PATH.match(agent):
+        raise CLIError(
+            f"invalid --agent '{agent}': use the import path package.module.Class", code=2
+        )
+    num_pairs = int(cfg.pick(o.num_pairs, "run", "num_pairs", DEFAULT_NUM_PAIRS))
+    if num_pairs < 1:
+        raise CLIError(f"--num-pairs must be at least 1 (got {num_pairs})", code=2)
+    setup_timeout = _positive(
+        "--setup-timeout",
+        float(cfg.pick(o.setup_timeout, "run", "setup_timeout", DEFAULT_SETUP_TIMEOUT)),
+    )
+    poll = _positive(
+        "--health-poll-interval",
+        float(
+            cfg.pick(
+                o.health_poll_interval,
+                "run",
+                "health_poll_interval",
+                DEFAULT_HEALTH_POLL_INTERVAL,
+            )
+        ),
+    )
+    drain = float(cfg.pick(o.drain_timeout, "run", "drain_timeout", DEFAULT_DRAIN_TIMEOUT))
+    if drain < 0:
+        raise CLIError(f"--drain-timeout must not be negative (got {drain:g})", code=2)
+    session_timeout = _positive(
+        "--session-timeout",
+        float(cfg.pick(o.session_timeout, "run", "session_timeout", DEFAULT_SESSION_TIMEOUT)),
+    )
+    log_level = check_log_level(cfg.pick(o.log_level, "default", "log_level", "info"))
+    host = cfg.pick(o.host, "run", "gateway_host", "127.0.0.1")
+    port = int(cfg.pick(o.port, "run", "gateway_port", DEFAULT_PORT))
+    if not 0 <= port <= 65535:
+        raise CLIError(f"--port {port} is out of range", code=2)
+    strategy = cfg.pick(o.routing_strategy, "run", "routing_strategy", DEFAULT_ROUTING)
+    if strategy not in ROUTING_STRATEGIES:
+        raise CLIError(
+            f"invalid --routing-strategy '{strategy}' (choose from {', '.join(ROUTING_STRATEGIES)})",
+            code=2,
+        )
+    scheduler = cfg.get("scheduler", "type") or "local"
+    if scheduler != "local":
+        raise CLIError(f"[scheduler] type '{scheduler}' is not supported (only 'local')", code=2)
+    key = o.admin_api_key or cfg.get("default", "admin_api_key")
+    key_source = "given"
+    if not key:
+        key, key_source = "areal-agent-" + secrets.token_urlsafe(24), "generated"
+    return Plan(
+        service=service,
+        agent=agent,
+        num_pairs=num_pairs,
+        admin_api_key=key,
+        key_source=key_source,
+        force=o.force,
+        setup_timeout=setup_timeout,
+        health_poll_interval=poll,
+        drain_timeout=drain,
+        session_timeout=session_timeout,
+        log_level=log_level,
+        host=host,
+        port=port,
+        routing_strategy=strategy,
+        inf=resolve_inf_link(cfg, o),
+    )
+
+
+def resolve_inf_link(cfg: Config, o: RunOptions) -> InfLink | None:
+    """`--inf-service NAME` (read from its state), or `--inf-gateway-url` + `--inf-admin-api-key`."""
+    inf_service = cfg.pick(o.inf_service, "run", "inf_service")
+    url = cfg.pick(o.inf_gateway_url, "run", "inf_gateway_url")
+    key = o.inf_admin_api_key or cfg.get("run", "inf_admin_api_key")
+    model = cfg.pick(o.inf_model, "run", "inf_model", "")
+    if inf_service and url:
+        raise CLIError("give either --inf-service or --inf-gateway-url, not both", code=2)
+    if inf_service:
+        if o.inf_admin_api_key:
+            raise CLIError(
+                "--inf-admin-api-key goes with --inf-gateway-url; --inf-service reads the key "
+                "from that service's secrets",
+                code=2,
+            )
+        return _link_inf_service(st.check_name("service", inf_service), model)
+    if url:
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise CLIError(f"invalid --inf-gateway-url '{url}': expected http(s)://host:port", 2)
+        if not key:
+            raise CLIError("--inf-gateway-url needs --inf-admin-api-key", code=2)
+        return InfLink(url.rstrip("/"), key, model)
+    if o.inf_admin_api_key or o.inf_model:
+        raise CLIError(
+            "--inf-admin-api-key / --inf-model need --inf-service or --inf-gateway-url", code=2
+        )
+    return None
+
+
+def _link_inf_service(name: str, model: str) -> InfLink:
+    from areal_cli.lifecycle import components
+
+    s = st.load("inf", name)
+    if s is None:
+        known = st.list_services("inf")
+        hint = f" (known: {', '.join(known)})" if known else " (no inf services are recorded)"
+        raise CLIError(f"--inf-service: no inf service named '{name}'{hint}")
+    gw = components(s).get("gateway")
+    url = (s.get("gateway") or {}).get("url", "")
+    if gw is None or not gw.alive() or not url:
+        raise CLIError(
+            f"--inf-service: inf service '{name}' is not running (its gateway is dead); "
+            f"start it with `areal inf run --service {name} --detach`"
+        )
+    key = st.load_secrets("inf", name).get("admin_api_key")
+    if not key:
+        raise CLIError(
+            f"--inf-service: no admin key recorded for inf service '{name}' "
+            f"({st.secrets_path('inf', name)} is missing)"
+        )
+    if not model:
+        models = sorted(s.get("models") or {})
+        model = models[0] if len(models) == 1 else ""
+    return InfLink(url, key, model, service=name)
+
+
+# ------------------------------------------------------------------- run
+
+
+def run(cfg: Config, o: RunOptions) -> int:
+    plan = resolve(cfg, o)
+    router_bin = resolve_binary(cfg, "router")
+    gateway_bin = resolve_binary(cfg, "gateway")
+    proxy_bin = resolve_binary(cfg, "proxy")
+    worker_bin = resolve_binary(cfg, "agent_worker")
+    if plan.inf is not None and not supervisor.http_ok(plan.inf.gateway_url + "/health", 3.0):
+        raise CLIError(f"inference gateway {plan.inf.gateway_url} does not answer GET /health")
+
+    service = plan.service
+    lock = st.Lock(GROUP, service)
+    lock.acquire()
+    try:
+        clear_existing(service, plan.force)
+        if plan.port and supervisor.port_in_use(plan.host, plan.port):
+            raise CLIError(
+                f"port {plan.port} on {plan.host} is already in use: choose another --port "
+                "(or [run] gateway_port)"
+            )
+        token = secrets.token_urlsafe(32)
+        secret_doc = {"admin_api_key": plan.admin_api_key, "internal_token": token}
+        if plan.inf is not None:
+            secret_doc["inf_admin_api_key"] = plan.inf.admin_api_key
+        st.save_secrets(GROUP, service, secret_doc)
+        state = _initial_state(plan)
+        launcher = Launcher(GROUP, service, state, {"AREAL_INTERNAL_TOKEN": token})
+        t0 = time.monotonic()
+        deadline = t0 + plan.setup_timeout
+        try:
+            with stop_signals():
+                _start_core(launcher, plan, router_bin, gateway_bin, deadline)
+                progress(
+                    f"gateway healthy at {state['gateway']['url']} ({time.monotonic() - t0:.1f}s)"
+                )
+                _start_pairs(launcher, plan, worker_bin, proxy_bin, deadline)
+                progress(
+                    f"{plan.num_pairs} pair(s) started and registered "
+                    f"({time.monotonic() - t0:.1f}s)"
+                )
+                _wait_healthy(launcher, plan, deadline)
+                state["phase"] = "running"
+                launcher.save()
+        except BaseException as e:
+            _fail_run(launcher, e)
+            raise  # not reached: _fail_run raises
+    finally:
+        lock.release()
+    _print_summary(plan, state, time.monotonic() - t0)
+    return 0
+
+
+def _initial_state(plan: Plan) -> dict[str, Any]:
+    inf = None
+    if plan.inf is not None:
+        inf = {
+            "service": plan.inf.service,
+            "gateway_url": plan.inf.gateway_url,
+            "model": plan.inf.model,
+        }
+    return {
+        "version": 1,
+        "group": GROUP,
+        "service": plan.service,
+        "instance": uuid.uuid4().hex,
+        "phase": "starting",
+        "scheduler": "local",
+        "created_at": time.time(),
+        "owner": self_identity(foreground=False),
+        "agent": plan.agent,
+        "num_pairs": plan.num_pairs,
+        "cwd": os.getcwd(),
+        "routing_strategy": plan.routing_strategy,
+        "log_level": plan.log_level,
+        "setup_timeout": plan.setup_timeout,
+        "health_poll_interval": plan.health_poll_interval,
+        "drain_timeout": plan.drain_timeout,
+        "session_timeout": plan.session_timeout,
+        "admin_key_source": plan.key_source,
+        "inf_link": inf,
+        "gateway": {"host": plan.host, "port": plan.port, "url": ""},
+        "router": {"address": ""},
+        "components": {},
+        "pairs": [],
+    }
+
+
+def clear_existing(service: str, force: bool) -> None:
+    """Refuse over recorded state, or with --force stop what it records (pid-checked) first."""
+    from areal_cli.lifecycle import components, service_status, terminate_components
+
+    old = st.load(GROUP, service)
+    if old is None:
+        return
+    status = service_status(old)
+    if not force:
+        if status in ("running", "degraded", "starting"):
+            url = (old.get("gateway") or {}).get("url") or "-"
+            raise CLIError(
+                f"agent service '{service}' is already {status} (gateway {url}); "
+                f"stop it with `areal agent stop --service {service}` or replace it with --force"
+            )
+        raise CLIError(
+            f"agent service '{service}' has {status} state; clean it with "
+            f"`areal agent stop --service {service}` or start over it with --force"
+        )
+    comps = list(components(old).values())
+    alive = [c for c in comps if supervisor.group_alive(c)]
+    if alive:
+        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
+    survivors = terminate_components(comps, grace=5.0)
+    if survivors:
+        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
+    st.remove(GROUP, service)
+
+
+def _left(deadline: float) -> float:
+    return max(0.1, deadline - time.monotonic())
+
+
+def _start_core(
+    launcher: Launcher, plan: Plan, router_bin: str, gateway_bin: str, deadline: float
+) -> None:
+    state = launcher.state
+    common = ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
+    ready = launcher.ready_file("router")
+    argv = [router_bin, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
+    argv += [*common, "--policy", plan.routing_strategy]
+    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
+    info: dict[str, Any] = {}
+    launcher.wait_all(
+        [(proc, router, Launcher.ready_check(ready, proc.pid, info))], _left(deadline)
+    )
+    address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+    launcher.update(router, port=int(info["port"]), address=address)
+    state["router"] = {"address": address}
+    launcher.save()
+
+    ready = launcher.ready_file("gateway")
+    argv = [gateway_bin, "--host", plan.host, "--port", str(plan.port), "--ready-file", str(ready)]
+    argv += [*common, "--mode", "agent", "--router-addr", address]
+    env = {**launcher.env, "AREAL_ADMIN_API_KEY": plan.admin_api_key}
+    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=plan.host, port=plan.port)
+    ginfo: dict[str, Any] = {}
+    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
+
+    def healthy() -> bool:
+        return file_ok() and gateway_healthy(http_url(plan.host, int(ginfo["port"])), proc.pid)
+
+    launcher.wait_all([(proc, gw, healthy)], _left(deadline), "healthy")
+    url = http_url(plan.host, int(ginfo["port"]))
+    launcher.update(gw, port=int(ginfo["port"]), url=url)
+    state["gateway"] = {"host": plan.host, "port": int(ginfo["port"]), "url": url}
+    launcher.save()
+
+
+def worker_env(base: dict[str, str], cwd: str) -> dict[str, str]:
+    """The worker's environment: the caller's cwd first on PYTHONPATH (`my_package.x.Y` imports)."""
+    old = os.environ.get("PYTHONPATH", "")
+    parts = [cwd] + [p for p in old.split(os.pathsep) if p and p != cwd]
+    return {**base, "PYTHONPATH": os.pathsep.join(parts)}
+
+
+def _start_pairs(
+    launcher: Launcher, plan: Plan, worker_bin: str, proxy_bin: str, deadline: float
+) -> None:
+    """Workers in parallel, then their proxies in parallel, then register every pair."""
+    state = launcher.state
+    common = ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
+    wenv = worker_env(launcher.env, state["cwd"])
+    waits, winfos = [], []
+    for i in range(plan.num_pairs):
+        pair: dict[str, Any] = {
+            "index": i,
+            "worker": f"worker-{i}",
+            "proxy": f"proxy-{i}",
+            "proxy_id": f"proxy-{i}",
+        }
+        state["pairs"].append(pair)
+        ready = launcher.ready_file(pair["worker"])
+        argv = [worker_bin, "--agent", plan.agent, "--host", "127.0.0.1", "--port", "0"]
+        argv += ["--ready-file", str(ready), *common]
+        proc, comp = launcher.spawn(
+            pair["worker"], "worker", argv, env=wenv, host="127.0.0.1", meta={"rank": i}
+        )
+        info: dict[str, Any] = {}
+        winfos.append((pair, comp, info))
+        waits.append((proc, comp, Launcher.ready_check(ready, proc.pid, info)))
+    launcher.save()
+    _wait_workers(launcher, waits, deadline)
+    for pair, comp, info in winfos:
+        address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+        pair["worker_address"] = address
+        launcher.update(comp, port=int(info["port"]), address=address)
+    launcher.save()
+
+    penv = dict(launcher.env)
+    link: list[str] = []
+    if plan.inf is not None:
+        penv["AREAL_PROXY_INF_ADMIN_API_KEY"] = plan.inf.admin_api_key
+        link = ["--inf-gateway-url", plan.inf.gateway_url]
+        if plan.inf.model:
+            link += ["--inf-model", plan.inf.model]
+    waits, pinfos = [], []
+    for pair in state["pairs"]:
+        ready = launcher.ready_file(pair["proxy"])
+        argv = [proxy_bin, "--mode", "agent", "--host", "127.0.0.1", "--port", "0"]
+        argv += ["--ready-file", str(ready), *common]
+        argv += ["--worker-addr", pair["worker_address"], "--proxy-id", pair["proxy_id"]]
+        argv += ["--session-timeout", f"{plan.session_timeout:g}", *link]
+        proc, comp = launcher.spawn(
+            pair["proxy"],
+            "proxy",
+            argv,
+            env=penv,
+            host="127.0.0.1",
+            meta={"rank": pair["index"], "proxy_id": pair["proxy_id"]},
+        )
+        info = {}
+        pinfos.append((pair, comp, info))
+        waits.append((proc, comp, Launcher.ready_check(ready, proc.pid, info)))
+    launcher.wait_all(waits, _left(deadline))
+    for pair, comp, info in pinfos:
+        address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+        pair["address"] = address
+        launcher.update(comp, port=int(info["port"]), address=address)
+    launcher.save()
+    url = state["gateway"]["url"]
+    for pair in state["pairs"]:
+        register_pair(url, plan.admin_api_key, pair["proxy_id"], pair["address"])
+        pair["registered"] = True
+    launcher.save()
+
+
+def _wait_workers(launcher: Launcher, waits: list, deadline: float) -> None:
+    """Like wait_all, but a worker that exits 2 (bad --agent) fails with its own one-line message."""
+    try:
+        launcher.wait_all(waits, _left(deadline))
+    except LaunchError as e:
+        procs = {comp.name: proc for proc, comp, _ in waits}
+        proc = procs.get(e.component)
+        if proc is not None and proc.returncode == WORKER_USAGE_EXIT:
+            line = _last_line(e.log)
+            raise CLIError(
+                f"{e.component} could not load the agent: {line or 'exit code 2'}"
+            ) from None
+        raise
+
+
+def _last_line(log: Any) -> str:
+    text = supervisor.log_tail(log, 5)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("--- ")]
+    return lines[-1] if lines else ""
+
+
+def register_pair(gateway_url: str, key: str, proxy_id: str, address: str) -> None:
+    body = {"proxy_id": proxy_id, "address": address}
+    status, payload = call("POST", gateway_url + "/admin/pairs", key=key, body=body, timeout=30)
+    if status not in (200, 201):
+        raise CLIError(
+            f"gateway refused to register pair {proxy_id} ({address}): HTTP {status}: "
+            f"{error_message(payload)}"
+        )
+
+
+def pair_health(gateway_url: str, key: str, proxy_ids: list[str]) -> dict[str, str] | None:
+    """Health of each pair as the router sees it (`GET /admin/workers`); None if not offered."""
+    try:
+        status, payload = call("GET", gateway_url + "/admin/workers", key=key, timeout=5)
+    except CLIError:
+        return {p: "gateway not answering" for p in proxy_ids}
+    if status != 200 or not isinstance(payload, dict):
+        return None
+    workers = payload.get("workers")
+    if not isinstance(workers, list):
+        return None
+    seen = {
+        str(w.get("proxy_id")): str(w.get("health", "unknown")).lower()
+        for w in workers
+        if isinstance(w, dict)
+    }
+    return {p: seen.get(p, "not registered") for p in proxy_ids}
+
+
+def _wait_healthy(launcher: Launcher, plan: Plan, deadline: float) -> None:
+    """Poll every --health-poll-interval until every component is healthy (or fail)."""
+    from areal_cli.lifecycle import components
+
+    state = launcher.state
+    url = state["gateway"]["url"]
+    ids = [p["proxy_id"] for p in state["pairs"]]
+    while True:
+        comps = components(state)
+        for p in launcher.procs.values():
+            p.poll()
+        dead = [c for c in comps.values() if not c.alive()]
+        if dead:
+            c = dead[0]
+            proc = launcher.procs.get(c.pid)
+            code = proc.returncode if proc is not None else None
+            raise LaunchError(c.name, f"process exited (code {code})", _path(c.log))
+        problem = ""
+        gw = comps["gateway"]
+        if not gateway_healthy(url, gw.pid):
+            problem = "gateway does not answer GET /health"
+        else:
+            health = pair_health(url, plan.admin_api_key, ids)
+            if health is not None:
+                bad = {p: h for p, h in health.items() if h != "healthy"}
+                if bad:
+                    problem = "router sees " + ", ".join(f"{p} {h}" for p, h in bad.items())
+        if not problem:
+            return
+        if time.monotonic() >= deadline:
+            raise CLIError(
+                f"agent service not healthy after --setup-timeout {plan.setup_timeout:g}s: "
+                f"{problem}"
+            )
+        time.sleep(min(plan.health_poll_interval, _left(deadline)))
+
+
+def _path(p: str):
+    from pathlib import Path
+
+    return Path(p)
+
+
+def _fail_run(launcher: Launcher, e: BaseException) -> None:
+    """Stop everything this run started, remove its state, and raise the reason."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if launcher.started:
+            progress(f"launch failed: stopping {len(launcher.started)} started component(s)")
+        launcher.abort()
+        st.remove(GROUP, launcher.service)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if isinstance(e, LaunchError):
+        raise CLIError(str(e)) from None
+    if isinstance(e, CLIError):
+        raise e from None
+    if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Interrupted":
+        raise CLIError("run interrupted; everything it started was stopped", code=130) from None
+    raise e
+
+
+def _print_summary(plan: Plan, state: dict[str, Any], took: float) -> None:
+    service = plan.service
+    print(f"agent service '{service}' is running ({took:.1f}s)")
+    print(f"  gateway    {state['gateway']['url']}")
+    print(f"  agent      {plan.agent} ({plan.num_pairs} pair(s))")
+    if plan.inf is not None:
+        via = f"inf service '{plan.inf.service}', " if plan.inf.service else ""
+        model = f", model {plan.inf.model}" if plan.inf.model else ""
+        print(f"  inference  {via}{plan.inf.gateway_url}{model}")
+    if plan.key_source == "generated":
+        where = st.secrets_path(GROUP, service)
+        print(f"  admin key  generated; stored in {where} (mode 0600)")
+    print(f"  status     areal agent status --service {service}")
+    print(f"  stop       areal agent stop --service {service}", flush=True)
+
+
+__all__ = ["Component", "RunOptions", "resolve", "run"]
