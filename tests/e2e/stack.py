@@ -79,29 +79,39 @@ def launch(
     return Proc(comp, popen, info)
 
 
+def proxy_argv(
+    stack: Stack,
+    engine_url: str,
+    model: str,
+    tokenizer: Path,
+    rank: int,
+    extra: list[str],
+    port: int = 0,
+) -> list[str]:
+    name = f"{model}-data-proxy-{rank}"
+    return [
+        "areal-proxy",
+        "--engine-url",
+        engine_url,
+        "--model",
+        model,
+        "--tokenizer-path",
+        str(tokenizer),
+        "--proxy-id",
+        name,
+        "--port",
+        str(port),
+        "--db-path",
+        str(stack.log_dir / f"{name}.sqlite"),
+        *extra,
+    ]
+
+
 def start_proxy(
     stack: Stack, engine_url: str, model: str, tokenizer: Path, rank: int, extra: list[str]
 ) -> Proc:
-    name = f"{model}-data-proxy-{rank}"
-    return launch(
-        name,
-        [
-            "areal-proxy",
-            "--engine-url",
-            engine_url,
-            "--model",
-            model,
-            "--tokenizer-path",
-            str(tokenizer),
-            "--proxy-id",
-            name,
-            "--port",
-            "0",
-            *extra,
-        ],
-        stack.log_dir,
-        stack.env,
-    )
+    argv = proxy_argv(stack, engine_url, model, tokenizer, rank, extra)
+    return launch(f"{model}-data-proxy-{rank}", argv, stack.log_dir, stack.env)
 
 
 def start_stack(
