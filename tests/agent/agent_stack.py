@@ -27,6 +27,7 @@ from areal_cli import supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "areal-agent-admin"
+PARROT = ROOT / "models" / "tiny-parrot"
 
 
 def _load_e2e_stack() -> ModuleType:
