@@ -5,10 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from areal_proto.service.logs import setup_logging
 from areal_proxy.settings import load_settings
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when importable (cheaper per-callback and per-socket cost than asyncio's loop)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from areal_proxy.server import serve
 
     try:
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(serve(settings))
     except (FileNotFoundError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1
