@@ -1,69 +1,107 @@
-"""Start the bundled engine, generate with the project's client, stop cleanly."""
+"""The main job on the embedded default: an areal inference service on the bundled tiny model.
+
+1. `areal inf run --detach` starts router, gateway, a CPU SGLang engine and its data proxy;
+2. a chat completion through the gateway with the official openai SDK;
+3. an RL session: a recorded chat with the session key, a reward, the exported trajectory;
+4. `areal inf stop`.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import os
+import secrets
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tokenizers import Tokenizer
+import openai
 
-from areal_cli import engines, supervisor
-from areal_proxy.engine import GenerationRequest
-from areal_proxy.engine.sglang import SGLangClient
+from areal_cli.supervisor import free_port
+from areal_gateway.client import ArealClient
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "tiny-parrot"
+MODEL_PATH = ROOT / "models" / "tiny-parrot"
+SERVICE = "main-job"
 
 
-async def generate(url: str) -> None:
-    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
-    ids = tok.encode("Hello from areal").ids
-    client = SGLangClient(url, timeout=60)
-    try:
-        out = await client.generate(GenerationRequest(ids, max_new_tokens=8, temperature=0))
-        print(f"prompt ids    {ids}")
-        print(f"output ids    {out.token_ids}  ({out.finish_reason})")
-        print(f"output text   {tok.decode(out.token_ids)!r}")
-        print(f"logprobs      {[round(x, 6) for x in out.logprobs]}")
-        print("stream        ", end="", flush=True)
-        async for chunk in client.generate_stream(
-            GenerationRequest(ids, max_new_tokens=8, temperature=0)
-        ):
-            print(tok.decode(chunk.token_ids), end="|", flush=True)
-        print()
-    finally:
-        await client.close()
+def areal(*args: str, env: dict[str, str], show: bool = True) -> subprocess.CompletedProcess[str]:
+    print(f"$ areal {' '.join(args)}", flush=True)
+    done = subprocess.run(["areal", *args], env=env, text=True, capture_output=True)
+    if show and done.stdout.strip():
+        print(done.stdout.rstrip())
+    if done.returncode != 0:
+        print(done.stderr.rstrip(), file=sys.stderr)
+        raise SystemExit(done.returncode)
+    return done
 
 
 def main() -> int:
-    python = engines.resolve_python("sglang")
-    port = supervisor.free_port()
-    launch = engines.engine_launch(
-        "sglang",
-        python=python,
-        model_path=str(MODEL),
-        served_name="tiny-parrot",
-        host="127.0.0.1",
-        port=port,
-        extra_args=engines.SGLANG_CPU_ARGS.split(),
-    )
-    log = Path(tempfile.mkdtemp(prefix="areal-main-job-")) / "engine.log"
+    home = Path(os.environ.get("AREAL_HOME") or tempfile.mkdtemp(prefix="areal-home-"))
+    key = secrets.token_urlsafe(24)
+    port = free_port()
+    env = {**os.environ, "AREAL_HOME": str(home), "AREAL_ADMIN_API_KEY": key}
     t0 = time.monotonic()
-    proc, comp = supervisor.spawn("engine", launch.argv, log, env=launch.env)
+    areal(
+        "inf",
+        "run",
+        "--service",
+        SERVICE,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        "tiny-parrot",
+        "--backend",
+        "sglang:d1",
+        "--model-path",
+        str(MODEL_PATH),
+        "--proxy-args",
+        "--chat-template-type concat",
+        "--detach",
+        env=env,
+    )
+    print(f"service up in {time.monotonic() - t0:.1f}s (AREAL_HOME={home})\n")
     try:
-        url = f"http://127.0.0.1:{port}"
-        supervisor.wait_ready(proc, comp, lambda: supervisor.http_ok(url + "/health"), 300)
-        print(f"engine healthy at {url} after {time.monotonic() - t0:.1f}s (log: {log})")
-        asyncio.run(generate(url))
-    except supervisor.LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        status = json.loads(areal("inf", "status", "--service", SERVICE, "--json", env=env, show=False).stdout)
+        url = status["gateway"]["url"]
+        areal("inf", "ps", env=env)
+
+        llm = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        r = llm.chat.completions.create(
+            model="tiny-parrot",
+            messages=[{"role": "user", "content": "Hi, give me a quick intro to AReaL."}],
+            max_tokens=8,
+            temperature=0,
+        )
+        print(
+            f"\nchat completion: {r.choices[0].message.content!r} ({r.choices[0].finish_reason}, "
+            f"{r.usage.completion_tokens} tokens)"
+        )
+
+        with ArealClient(url, key) as client:
+            group = client.start_group(task_id="demo-task", group_size=1)
+            [session] = group.sessions
+            answer = session.openai(max_retries=0).chat.completions.create(
+                model=group.model,
+                messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                max_tokens=4,
+            )
+            client.set_reward(session, reward=1.0)
+            [row] = client.export(group_id=group.group_id, remove_session=True)
+        print(f"\nRL session {session.session_id}: interaction {answer.id} rewarded 1.0")
+        print("exported trajectory:")
+        for k in ("input_ids", "loss_mask", "logprobs", "versions"):
+            v = row[k]
+            shown = [round(x, 4) for x in v] if k == "logprobs" else v
+            print(f"  {k:<10} {shown}")
+        print(f"  reward     {row['reward']}")
     finally:
-        supervisor.terminate([[comp]], grace=10, procs={proc.pid: proc})
-        print("engine stopped" if not supervisor.group_alive(comp) else "engine still running!")
+        print()
+        areal("inf", "stop", "--service", SERVICE, env=env)
     return 0
 
 
