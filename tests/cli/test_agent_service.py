@@ -252,3 +252,33 @@ def test_stop_keep_state(areal):
     assert areal("agent", "ps", "--all", "--json").json()[0]["status"] == "stopped"
     assert areal("agent", "stop", "--service", "default").code == 0
     assert areal("agent", "ps", "--all", "--json").json() == []
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = [x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x]
+    return {k.decode(): v.decode() for k, v in items}
+
+
+def test_inf_service_link(areal):
+    """--inf-service: the proxies get the inf gateway URL on argv and its key in the environment."""
+    r = areal("inf", "run", "--service", "llm", "--port", "0", "--admin-api-key", "inf-key",
+              "--detach")  # fmt: skip
+    assert r.code == 0, r.err
+    try:
+        inf_url = areal("inf", "status", "--service", "llm", "--json").json()["gateway"]["url"]
+        r = areal(*RUN, "--admin-api-key", KEY, "--inf-service", "llm", "--inf-model", "m")
+        assert r.code == 0, r.err
+        assert f"inf service 'llm', {inf_url}" in r.out
+        proxy = status_json(areal)["components"]["proxy-0"]
+        argv = proxy["argv"]
+        assert argv[argv.index("--inf-gateway-url") + 1] == inf_url
+        assert argv[argv.index("--inf-model") + 1] == "m"
+        assert "inf-key" not in argv
+        assert _environ(proxy["pid"])["AREAL_PROXY_INF_ADMIN_API_KEY"] == "inf-key"
+        assert "inf-key" not in (areal.home / "agent" / "services" / "default.json").read_text()
+        assert areal("agent", "stop", "--service", "default").code == 0
+    finally:
+        areal("inf", "stop", "--service", "llm", "--force")
+    r = areal(*RUN, "--inf-service", "llm")
+    assert r.code == 1 and "no inf service named 'llm'" in r.err

@@ -439,3 +439,28 @@ def test_link_to_dead_inf_gateway_fails_before_starting(agent):
     )  # fmt: skip
     assert r.returncode == 1 and "does not answer" in r.stderr
     assert agent.state() is None and not agent.pids()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_stops_everything(agent, sig):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "areal_cli.main", "agent", "run", "--agent", AGENT,
+         "--num-pairs", "2", "--health-poll-interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**agent.env, "FAKE_PAIR_HEALTH": "unhealthy"},
+        cwd=agent.cwd,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        s = agent.state()
+        if s and len(s["pairs"]) == 2 and all(x.get("registered") for x in s["pairs"]):
+            break
+        time.sleep(0.05)
+    assert len(agent.pids()) == 6
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "everything it started was stopped" in err
+    assert not agent.wait_gone(5) and agent.state() is None
