@@ -218,6 +218,34 @@ async def test_least_loaded_follows_reported_load():
         await stop_router(h)
 
 
+async def test_route_lease_only_when_asked_and_never_for_sessions():
+    h = await start_router(replace(FAST, policy="least_loaded", route_lease=5.0))
+    try:
+        await h.add_proxy("m-0", "m", inflight_requests=4)
+        await h.add_proxy("m-1", "m")
+        await eventually(lambda: h.proxy("m-0").reported_requests == 4)
+
+        async def route(**kw) -> router_pb2.RouteResponse:
+            return await h.stub.Route(
+                router_pb2.RouteRequest(model="m", **kw), metadata=call_metadata()
+            )
+
+        assert (await route()).lease_ms == 0
+        leased = await route(want_lease=True)
+        # Capped at one health-poll interval; the healthy candidates with their load.
+        assert leased.lease_ms == int(FAST.health_interval * 1000)
+        assert leased.lease_policy == "least_loaded"
+        assert {(c.proxy_id, c.load) for c in leased.candidates} >= {("m-0", 4)}
+        assert [c.proxy_id for c in leased.candidates] == ["m-0", "m-1"]
+        pinned = await route(want_lease=True, session_id="s-1")
+        assert pinned.lease_ms == 0 and not pinned.candidates
+        assert (await route(want_lease=True, prefix_hashes=[7])).lease_ms == 0
+        h.server.service.lease_ms = 0  # --route-lease 0
+        assert (await route(want_lease=True)).lease_ms == 0
+    finally:
+        await stop_router(h)
+
+
 async def test_errors_are_grpc_statuses_with_detail(router: Harness):
     err = await rpc_error(router.stub.Route(router_pb2.RouteRequest(model="nope")))
     assert err.code() == grpc.StatusCode.NOT_FOUND

@@ -99,6 +99,9 @@ class RouterClient:
         self._channel = _channel(address)
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
         self._md = call_metadata(token)
+        # Bumped by every registry change made through this client: route leases granted
+        # before it are void (routing.RouteTable).
+        self.epoch = 0
 
     async def _call(self, method: Any, request: Any, timeout_s: float = ROUTER_TIMEOUT) -> Any:
         try:
@@ -106,15 +109,29 @@ class RouterClient:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, target="router") from None
 
+    async def _change(self, method: Any, request: Any) -> Any:
+        """A registry change: leases granted before it ends, or while it runs, are void."""
+        self.epoch += 1
+        try:
+            return await self._call(method, request)
+        finally:
+            self.epoch += 1
+
     async def route(
         self,
         model: str,
         *,
         session_id: str = "",
         kind: int = router_pb2.PROXY_KIND_INFERENCE,
+        want_lease: bool = False,
         timeout_s: float = ROUTER_TIMEOUT,
     ) -> router_pb2.RouteResponse:
-        req = router_pb2.RouteRequest(model=model, session_id=session_id, kind=kind)  # type: ignore[arg-type]
+        req = router_pb2.RouteRequest(
+            model=model,
+            session_id=session_id,
+            kind=kind,  # type: ignore[arg-type]
+            want_lease=want_lease,
+        )
         return await self._call(self._stub.Route, req, timeout_s)
 
     async def list_models(self) -> list[router_pb2.ModelInfo]:
@@ -127,19 +144,19 @@ class RouterClient:
         return list(resp.proxies)
 
     async def register_model(self, model: router_pb2.ModelInfo) -> None:
-        await self._call(self._stub.RegisterModel, router_pb2.RegisterModelRequest(model=model))
+        await self._change(self._stub.RegisterModel, router_pb2.RegisterModelRequest(model=model))
 
     async def deregister_model(self, name: str) -> tuple[bool, list[str]]:
-        resp = await self._call(
+        resp = await self._change(
             self._stub.DeregisterModel, router_pb2.DeregisterModelRequest(name=name)
         )
         return bool(resp.existed), list(resp.proxy_ids)
 
     async def register_proxy(self, proxy: router_pb2.ProxyInfo) -> None:
-        await self._call(self._stub.RegisterProxy, router_pb2.RegisterProxyRequest(proxy=proxy))
+        await self._change(self._stub.RegisterProxy, router_pb2.RegisterProxyRequest(proxy=proxy))
 
     async def deregister_proxy(self, proxy_id: str) -> bool:
-        resp = await self._call(
+        resp = await self._change(
             self._stub.DeregisterProxy, router_pb2.DeregisterProxyRequest(proxy_id=proxy_id)
         )
         return bool(resp.existed)

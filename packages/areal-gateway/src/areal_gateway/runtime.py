@@ -19,6 +19,7 @@ from areal_gateway.catalog import ModelCatalog
 from areal_gateway.clients import AgentProxyPool, ProxyPool, RouterClient
 from areal_gateway.external import ExternalForwarder
 from areal_gateway.metrics import Metrics
+from areal_gateway.routing import RouteTable
 from areal_gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Gateway:
         self._catalog: ModelCatalog | None = None
         self._external: ExternalForwarder | None = None
         self._agents: AgentProxyPool | None = None  # agent mode
+        self._routes: RouteTable | None = None
         self._closed = False
 
     # The clients exist between start() and aclose(); endpoints only run in between.
@@ -47,6 +49,11 @@ class Gateway:
     def router(self) -> RouterClient:
         assert self._router is not None, "gateway not started"
         return self._router
+
+    @property
+    def routes(self) -> RouteTable:
+        assert self._routes is not None, "gateway not started"
+        return self._routes
 
     @property
     def proxies(self) -> ProxyPool:
@@ -74,6 +81,7 @@ class Gateway:
         token = self.settings.internal_token
         self._router = RouterClient(self.settings.router_addr, token)
         self._proxies = ProxyPool(token)
+        self._routes = RouteTable(self._router)
         self._catalog = ModelCatalog(self._router)
         self._external = ExternalForwarder()
         self._agents = AgentProxyPool(token)

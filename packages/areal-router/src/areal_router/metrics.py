@@ -73,6 +73,12 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.prom,
         )
+        self.leases = Counter(
+            "areal_router_route_leases",
+            "Route calls answered with a route lease, by model",
+            ["model"],
+            registry=self.prom,
+        )
         self.binds = Counter(
             "areal_router_bind_sessions",
             "BindSession calls by result",

@@ -139,7 +139,14 @@ def create_server(settings: RouterSettings) -> RouterServer:
         unhealthy_after=settings.unhealthy_after,
         on_poll=metrics.poll,
     )
-    service = RouterService(registry, router, poller, metrics, store)
+    service = RouterService(
+        registry,
+        router,
+        poller,
+        metrics,
+        store,
+        lease_s=min(settings.route_lease, settings.health_interval),
+    )
     return RouterServer(
         settings=settings,
         registry=registry,

@@ -41,8 +41,12 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         poller: HealthPoller,
         metrics: RouterMetrics,
         store: StateStore | None = None,
+        *,
+        lease_s: float = 0.0,
     ) -> None:
         self.registry = registry
+        # Route leases (RouteRequest.want_lease): how long a caller may route on its own.
+        self.lease_ms = max(0, int(lease_s * 1000))
         self.router = router
         self.poller = poller
         self.metrics = metrics
@@ -168,11 +172,32 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             address=proxy.address if proxy else "",
             model=decision.model.to_proto(with_proxies=False),
         )
+        if (
+            proxy is not None
+            and request.want_lease
+            and self.lease_ms
+            and not request.session_id
+            and not request.prefix_hashes
+        ):
+            self._grant_lease(response, decision.model.name, request.kind, decision.policy)
         self.metrics.route_latency.observe(time.perf_counter() - start)
         self.metrics.decisions.labels(
             decision.policy, model_label, "routed" if proxy else "external"
         ).inc()
         return response
+
+    def _grant_lease(
+        self, response: router_pb2.RouteResponse, model: str, kind: int, policy: str
+    ) -> None:
+        """A route lease: no pin and no prompt prefix takes part in this decision, so for a
+        short while the caller may spread such requests over the same healthy proxies itself.
+        The router stays the source of truth: a lease is never longer than one health poll
+        interval, and the caller asks again when it expires or a proxy refuses a call."""
+        response.lease_ms = self.lease_ms
+        response.lease_policy = "round_robin" if policy == "round_robin" else "least_loaded"
+        for p in self.registry.candidates(model, kind):
+            response.candidates.add(proxy_id=p.proxy_id, address=p.address, load=max(0, p.load))
+        self.metrics.leases.labels(model).inc()
 
     async def BindSession(
         self, request: router_pb2.BindSessionRequest, context: grpc.aio.ServicerContext

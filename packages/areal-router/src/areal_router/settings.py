@@ -38,6 +38,14 @@ class RouterSettings:
     unhealthy_after: int = field(
         default=2, metadata={"help": "consecutive failed polls before a proxy is unhealthy"}
     )
+    route_lease: float = field(
+        default=1.0,
+        metadata={
+            "help": "seconds a caller asking for a route lease may route requests without a "
+            "session on its own, over the healthy proxies of the model (capped at "
+            "--health-interval); 0 = every request is routed here"
+        },
+    )
     state_file: str = field(
         default="",
         metadata={"help": "where registrations and session pins persist (empty: memory only)"},
@@ -52,6 +60,8 @@ class RouterSettings:
             raise ValueError("health_timeout must be > 0")
         if self.unhealthy_after < 1:
             raise ValueError("unhealthy_after must be >= 1")
+        if self.route_lease < 0:
+            raise ValueError("route_lease must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
 

@@ -270,10 +270,11 @@ class GenerationResponse(Response):
 
     async def _internal(self, send: Send) -> None:
         gw = self.gw
+        routes = gw.routes
         request = self._envelope()
         retries = 0
         while True:
-            route = await gw.router.route(
+            route = await routes.route(
                 self.model,
                 session_id=self.principal.session_id,
                 timeout_s=min(self.remaining(), 10.0),
@@ -289,6 +290,7 @@ class GenerationResponse(Response):
                 )
             gw.metrics.routed.labels(self.model, route.proxy_id).inc()
             client = gw.proxies.get(route.address)
+            routes.acquire(route.address)
             try:
                 if self.stream:
                     await self._stream_from(
@@ -299,7 +301,9 @@ class GenerationResponse(Response):
                     await self._send_whole(send, 200, body)
                 return
             except ProxyUnreachable as err:
-                # Nothing reached the proxy: another replica may take it.
+                # Nothing reached the proxy: the router decides again (no lease), and
+                # another replica may take it.
+                routes.invalidate(self.model)
                 if retries >= MAX_ROUTE_RETRIES or self._headers_sent:
                     raise
                 retries += 1
@@ -311,6 +315,8 @@ class GenerationResponse(Response):
                     retries,
                     MAX_ROUTE_RETRIES,
                 )
+            finally:
+                routes.release(route.address)
 
     async def _stream_from(self, send: Send, chunks: AsyncIterator[bytes]) -> None:
         metrics = self.gw.metrics

@@ -352,12 +352,15 @@ class RouteRequest(_message.Message):
     PREFIX_HASHES_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    WANT_LEASE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     session_id: _builtins.str
     """Non-empty for requests that belong to a session (sticky)."""
     kind: Global___ProxyKind.ValueType
     policy: _builtins.str
     """Override of the router's default policy for this call ("" = default)."""
+    want_lease: _builtins.bool
+    """The caller can route on its own under a lease (see RouteResponse.lease_ms)."""
     @_builtins.property
     def prefix_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Hash of the prompt prefix, for cache-aware routing (0 = unknown)."""
@@ -370,14 +373,43 @@ class RouteRequest(_message.Message):
         prefix_hashes: _abc.Iterable[_builtins.int] | None = ...,
         kind: Global___ProxyKind.ValueType = ...,
         policy: _builtins.str = ...,
+        want_lease: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "model", b"model", "policy", b"policy", "prefix_hashes", b"prefix_hashes", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "model", b"model", "policy", b"policy", "prefix_hashes", b"prefix_hashes", "session_id", b"session_id", "want_lease", b"want_lease"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteRequest: _TypeAlias = RouteRequest  # noqa: Y015
+
+@_typing.final
+class RouteCandidate(_message.Message):
+    """A proxy the holder of a route lease may send requests to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROXY_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
+    proxy_id: _builtins.str
+    address: _builtins.str
+    load: _builtins.int
+    """In-flight requests as the router knew them when it granted the lease."""
+    def __init__(
+        self,
+        *,
+        proxy_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        load: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "load", b"load", "proxy_id", b"proxy_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteCandidate: _TypeAlias = RouteCandidate  # noqa: Y015
 
 @_typing.final
 class RouteResponse(_message.Message):
@@ -386,20 +418,37 @@ class RouteResponse(_message.Message):
     PROXY_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    LEASE_POLICY_FIELD_NUMBER: _builtins.int
     proxy_id: _builtins.str
     address: _builtins.str
+    lease_ms: _builtins.int
+    """Route lease, granted only when asked for (RouteRequest.want_lease) and only for a
+    decision no session pin or prompt prefix takes part in. For lease_ms milliseconds the
+    caller may spread further requests of the same model, kind and policy over `candidates`
+    (the model's healthy proxies at decision time) by `lease_policy`, without calling Route.
+    0 = no lease: route every request.
+    """
+    lease_policy: _builtins.str
+    """"round_robin" (rotate) or "least_loaded" (fewest in flight; ties rotate)."""
     @_builtins.property
     def model(self) -> Global___ModelInfo: ...
+    @_builtins.property
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteCandidate]: ...
     def __init__(
         self,
         *,
         proxy_id: _builtins.str = ...,
         address: _builtins.str = ...,
         model: Global___ModelInfo | None = ...,
+        lease_ms: _builtins.int = ...,
+        candidates: _abc.Iterable[Global___RouteCandidate] | None = ...,
+        lease_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "model", b"model", "proxy_id", b"proxy_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "candidates", b"candidates", "lease_ms", b"lease_ms", "lease_policy", b"lease_policy", "model", b"model", "proxy_id", b"proxy_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,149 @@
+"""Where a generation request goes: the router decides, possibly through a route lease.
+
+Calling the router's Route for every request costs a gRPC round trip (and the router's CPU)
+per request, although a request without a session and without a prompt prefix gets a
+decision that depends only on the model's healthy proxies and their load. So the gateway asks
+for a *route lease* (RouteRequest.want_lease): the router may answer with the healthy
+candidates and a lease of at most one health-poll interval, during which the gateway spreads
+such requests over them itself, round robin or least loaded (the router's reported load at
+grant time plus this gateway's in-flight calls since), as the router's policy says.
+
+The router stays the source of truth:
+  * requests of a session (pins) always call Route, as do all requests when the router
+    grants no lease (an older router, or `--route-lease 0`);
+  * a lease ends when it expires, when a proxy of it refuses a connection (the retry asks the
+    router again), and when this gateway changes the registry (model or proxy registration);
+  * one Route call renews an expired lease; requests arriving meanwhile wait for that call
+    instead of each making their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from areal_gateway.clients import RouterClient
+from areal_proto.router.v1 import router_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One routing decision: the proxy to call (empty address: no proxy) and the model."""
+
+    proxy_id: str
+    address: str
+    model: router_pb2.ModelInfo
+
+
+class _Lease:
+    __slots__ = ("base", "epoch", "expires", "model", "next", "picks", "round_robin")
+
+    def __init__(self, resp: router_pb2.RouteResponse, epoch: int, inflight: dict[str, int]):
+        self.expires = time.monotonic() + resp.lease_ms / 1000.0
+        self.epoch = epoch
+        self.model = resp.model
+        self.picks = [Pick(c.proxy_id, c.address, resp.model) for c in resp.candidates]
+        # Load estimate = router's load at grant + this gateway's in-flight change since.
+        self.base = [c.load - inflight.get(c.address, 0) for c in resp.candidates]
+        self.round_robin = resp.lease_policy == "round_robin"
+        # The router's own pick served the request that got the lease: rotate past it.
+        ids = [c.proxy_id for c in resp.candidates]
+        self.next = ids.index(resp.proxy_id) + 1 if resp.proxy_id in ids else 0
+
+    def pick(self, inflight: dict[str, int]) -> Pick:
+        picks = self.picks
+        n = len(picks)
+        start = self.next
+        self.next = start + 1
+        if self.round_robin or n == 1:
+            return picks[start % n]
+        best, best_load = 0, 0
+        for k in range(n):
+            i = (start + k) % n
+            load = self.base[i] + inflight.get(picks[i].address, 0)
+            if k == 0 or load < best_load:
+                best, best_load = i, load
+        return picks[best]
+
+
+class RouteTable:
+    """Route decisions for one gateway, with route leases per (model, kind)."""
+
+    def __init__(self, router: RouterClient) -> None:
+        self._router = router
+        self._leases: dict[tuple[str, int], _Lease] = {}
+        self._renewing: dict[tuple[str, int], asyncio.Future[router_pb2.RouteResponse]] = {}
+        # This gateway's calls in progress, by proxy address (least-loaded picks).
+        self.inflight: dict[str, int] = {}
+
+    async def route(
+        self,
+        model: str,
+        *,
+        session_id: str = "",
+        kind: int = router_pb2.PROXY_KIND_INFERENCE,
+        timeout_s: float,
+    ) -> Pick:
+        if session_id:
+            return _pick(
+                await self._router.route(model, session_id=session_id, timeout_s=timeout_s)
+            )
+        key = (model, kind)
+        lease = self._leases.get(key)
+        if lease is not None:
+            if lease.expires > time.monotonic() and lease.epoch == self._router.epoch:
+                return lease.pick(self.inflight)
+            del self._leases[key]
+        pending = self._renewing.get(key)
+        if pending is not None:
+            resp = await asyncio.shield(pending)
+            lease = self._leases.get(key)
+            if resp.lease_ms and lease is not None:
+                return lease.pick(self.inflight)
+            # No lease came of it: this request needs its own decision.
+            return _pick(await self._router.route(model, kind=kind, timeout_s=timeout_s))
+        return await self._renew(key, timeout_s)
+
+    async def _renew(self, key: tuple[str, int], timeout_s: float) -> Pick:
+        model, kind = key
+        epoch = self._router.epoch
+        fut = asyncio.ensure_future(
+            self._router.route(model, kind=kind, want_lease=True, timeout_s=timeout_s)
+        )
+        self._renewing[key] = fut
+
+        def settle(f: asyncio.Future[router_pb2.RouteResponse]) -> None:
+            # Runs even when every request waiting on the call has gone away.
+            if self._renewing.get(key) is f:
+                del self._renewing[key]
+            if f.cancelled() or f.exception() is not None:
+                return
+            resp = f.result()
+            if resp.lease_ms and resp.candidates and resp.address:
+                self._leases[key] = _Lease(resp, epoch, self.inflight)
+
+        fut.add_done_callback(settle)
+        return _pick(await asyncio.shield(fut))
+
+    def invalidate(self, model: str | None = None) -> None:
+        """Forget leases (of `model`, or all): the next request asks the router."""
+        if model is None:
+            self._leases.clear()
+            return
+        for key in [k for k in self._leases if k[0] == model]:
+            del self._leases[key]
+
+    def acquire(self, address: str) -> None:
+        self.inflight[address] = self.inflight.get(address, 0) + 1
+
+    def release(self, address: str) -> None:
+        left = self.inflight.get(address, 0) - 1
+        if left > 0:
+            self.inflight[address] = left
+        else:
+            self.inflight.pop(address, None)
+
+
+def _pick(resp: router_pb2.RouteResponse) -> Pick:
+    return Pick(resp.proxy_id, resp.address, resp.model)

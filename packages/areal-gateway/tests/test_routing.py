@@ -1,0 +1,135 @@
+"""Route leases in the gateway (routing.RouteTable) against a stand-in router object."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from areal_gateway.routing import RouteTable
+from areal_proto.router.v1 import router_pb2
+from areal_proto.service.errors import ServiceError
+
+MODEL = router_pb2.ModelInfo(name="m", kind=router_pb2.MODEL_KIND_INTERNAL)
+
+
+class StubRouter:
+    """Answers Route like a router granting leases over `proxies` (id -> load)."""
+
+    def __init__(self, proxies: dict[str, int], lease_ms: int = 60_000, policy: str = "") -> None:
+        self.proxies = proxies
+        self.lease_ms = lease_ms
+        self.policy = policy or "round_robin"
+        self.epoch = 0
+        self.calls: list[dict[str, Any]] = []
+        self.delay = 0.0
+        self.fail: ServiceError | None = None
+
+    async def route(self, model: str, **kw: Any) -> router_pb2.RouteResponse:
+        self.calls.append({"model": model, **kw})
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        first = sorted(self.proxies)[0]
+        resp = router_pb2.RouteResponse(proxy_id=first, address=f"addr-{first}", model=MODEL)
+        if kw.get("want_lease") and not kw.get("session_id") and self.lease_ms:
+            resp.lease_ms = self.lease_ms
+            resp.lease_policy = self.policy
+            for pid in sorted(self.proxies):
+                resp.candidates.add(proxy_id=pid, address=f"addr-{pid}", load=self.proxies[pid])
+        return resp
+
+
+async def test_lease_round_robin_without_router_calls() -> None:
+    router = StubRouter({"a": 0, "b": 0, "c": 0})
+    table = RouteTable(router)  # type: ignore[arg-type]
+    picks = [(await table.route("m", timeout_s=1)).proxy_id for _ in range(7)]
+    assert picks == ["a", "b", "c", "a", "b", "c", "a"]
+    assert len(router.calls) == 1 and router.calls[0]["want_lease"] is True
+
+
+async def test_least_loaded_lease_counts_this_gateways_inflight() -> None:
+    router = StubRouter({"a": 5, "b": 0}, policy="least_loaded")
+    table = RouteTable(router)  # type: ignore[arg-type]
+    first = await table.route("m", timeout_s=1)  # the router's own pick
+    assert first.proxy_id == "a"
+    seen = []
+    for _ in range(6):
+        p = await table.route("m", timeout_s=1)
+        table.acquire(p.address)
+        seen.append(p.proxy_id)
+    # b takes work until its in-flight count reaches a's reported load, then they alternate.
+    assert seen[:5] == ["b"] * 5 and seen[5] in ("a", "b")
+    for pid in seen:
+        table.release(f"addr-{pid}")
+    assert table.inflight == {}
+
+
+async def test_sessions_never_use_a_lease() -> None:
+    router = StubRouter({"a": 0, "b": 0})
+    table = RouteTable(router)  # type: ignore[arg-type]
+    await table.route("m", timeout_s=1)
+    for _ in range(3):
+        await table.route("m", session_id="s", timeout_s=1)
+    assert len(router.calls) == 4
+    assert all(not c.get("want_lease") for c in router.calls[1:])
+
+
+async def test_expiry_invalidation_and_registry_changes_ask_the_router_again() -> None:
+    router = StubRouter({"a": 0, "b": 0}, lease_ms=30)
+    table = RouteTable(router)  # type: ignore[arg-type]
+    await table.route("m", timeout_s=1)
+    await table.route("m", timeout_s=1)
+    assert len(router.calls) == 1
+    await asyncio.sleep(0.05)
+    await table.route("m", timeout_s=1)
+    assert len(router.calls) == 2
+    router.lease_ms = 60_000
+    table.invalidate("m")  # e.g. a proxy refused a connection
+    await table.route("m", timeout_s=1)
+    await table.route("m", timeout_s=1)
+    assert len(router.calls) == 3
+    router.epoch += 1  # e.g. a proxy registered through this gateway
+    await table.route("m", timeout_s=1)
+    assert len(router.calls) == 4
+
+
+async def test_no_lease_granted_means_one_route_per_request() -> None:
+    router = StubRouter({"a": 0}, lease_ms=0)
+    table = RouteTable(router)  # type: ignore[arg-type]
+    router.delay = 0.01
+    await asyncio.gather(*(table.route("m", timeout_s=1) for _ in range(5)))
+    # Concurrent requests share the first (lease-asking) call, then route on their own.
+    assert len(router.calls) == 5
+
+
+async def test_concurrent_requests_share_one_renewal_and_its_error() -> None:
+    router = StubRouter({"a": 0, "b": 0})
+    router.delay = 0.02
+    table = RouteTable(router)  # type: ignore[arg-type]
+    picks = await asyncio.gather(*(table.route("m", timeout_s=1) for _ in range(10)))
+    assert len(router.calls) == 1
+    assert {p.proxy_id for p in picks} == {"a", "b"}
+    table.invalidate()
+    router.fail = ServiceError(404, "no such model", code="model_not_found")
+    results = await asyncio.gather(
+        *(table.route("m", timeout_s=1) for _ in range(4)), return_exceptions=True
+    )
+    assert all(isinstance(r, ServiceError) and r.http_status == 404 for r in results)
+    assert len(router.calls) == 2
+
+
+async def test_a_cancelled_first_request_still_installs_the_lease() -> None:
+    router = StubRouter({"a": 0, "b": 0})
+    router.delay = 0.02
+    table = RouteTable(router)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(table.route("m", timeout_s=1))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.03)
+    await table.route("m", timeout_s=1)
+    assert len(router.calls) == 1
