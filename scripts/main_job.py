@@ -66,7 +66,9 @@ def main() -> int:
     )
     print(f"service up in {time.monotonic() - t0:.1f}s (AREAL_HOME={home})\n")
     try:
-        status = json.loads(areal("inf", "status", "--service", SERVICE, "--json", env=env, show=False).stdout)
+        status = json.loads(
+            areal("inf", "status", "--service", SERVICE, "--json", env=env, show=False).stdout
+        )
         url = status["gateway"]["url"]
         areal("inf", "ps", env=env)
 

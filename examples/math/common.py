@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from areal_train.config import BaseExperimentConfig, ConfigError, log_dir
-
 from examples.math.trainer_client import TrainerClient, resolve_trainer_python
 
 

@@ -39,7 +39,6 @@ from typing import Any
 from areal_train.advantages import group_advantages
 from areal_train.config import ConfigError, GRPOConfig, load_expr_config, log_dir
 from areal_train.metrics import MetricsLogger
-
 from examples.math import data
 from examples.math.common import (
     TaskConfig,

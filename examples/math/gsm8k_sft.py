@@ -16,7 +16,6 @@ from typing import Any
 
 from areal_train.config import SFTConfig, load_expr_config, log_dir
 from areal_train.metrics import MetricsLogger
-
 from examples.math import data
 from examples.math.common import (
     TaskConfig,

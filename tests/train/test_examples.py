@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from areal_train.advantages import group_advantages, normalise_group
 from areal_train.metrics import read_metrics
-
 from examples.math import data
 from examples.math.rl_client import version_of
 

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from areal_train.advantages import group_advantages
 
+from areal_train.advantages import group_advantages
 from examples.math import data
 from examples.math.trainer_client import TrainerClient, TrainerError
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from areal_train.config import (
     REDACTED,
     ConfigError,

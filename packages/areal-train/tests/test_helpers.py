@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
+
 from areal_train.advantages import group_advantages, normalise_group
 from areal_train.metrics import MetricsLogger, read_metrics
 
