@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from areal_gateway.app import create_app
+from areal_gateway.fastpath import GenerationFastPath
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings, validate
 from areal_proto.service.logs import mask
@@ -66,7 +67,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def make_server(settings: Settings, app: Any) -> uvicorn.Server:
     config = uvicorn.Config(
-        app,
+        GenerationFastPath(app),
         http=http_impl(),
         lifespan="on",
         log_config=None,

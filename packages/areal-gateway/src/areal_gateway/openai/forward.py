@@ -211,6 +211,7 @@ class GenerationResponse(Response):
                 "status": status,
                 "headers": [
                     *_JSON_HEADERS,
+                    (b"content-length", str(len(body)).encode()),
                     (b"x-request-id", self.request_id.encode()),
                 ],
             }
