@@ -131,16 +131,8 @@ class SessionBook:
         if not messages:
             return Turn(session, None, 0)
         parent_id, covered = self._state(session.session_id).lineage.parent_of(messages)
-        parent = None
-        if parent_id is not None:
-            parent = next(
-                (
-                    it
-                    for it in self.store.interactions(session.session_id)
-                    if it.interaction_id == parent_id
-                ),
-                None,
-            )
+        # One lookup by id: the cost of a turn does not grow with the session's history.
+        parent = self.store.interaction(parent_id) if parent_id is not None else None
         return Turn(session, parent, covered)
 
     async def record(self, it: Interaction) -> Interaction:

@@ -238,6 +238,13 @@ class Store:
         ).fetchall()
         return [_interaction(r) for r in rows]
 
+    def interaction(self, interaction_id: str) -> Interaction | None:
+        row = self._db.execute(
+            f"SELECT {_INTERACTION_COLS} FROM interactions WHERE interaction_id = ?",
+            (interaction_id,),
+        ).fetchone()
+        return _interaction(row) if row else None
+
     def iter_interactions(self, session_ids: list[str]) -> Iterator[list[Interaction]]:
         """Each session's interactions in order, one session at a time (bounded memory)."""
         for sid in session_ids:
