@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from areal_agent_worker import __version__
 from areal_agent_worker.settings import Settings
-from areal_proto.service.logs import setup_logging
+from areal_proto.service.logs import exit_process, setup_logging
 from areal_proto.service.settings import parse_settings
 
 
@@ -27,7 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     setup_logging(settings.log_level, "areal-agent-worker")
-    return asyncio.run(_serve(settings))
+    code = asyncio.run(_serve(settings))
+    if argv is None:  # the real program (tests call main with their own argv)
+        exit_process(code)
+    return code
 
 
 async def _serve(settings: Settings) -> int:

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from areal_gateway.settings import PROG, SettingsError, load_settings, validate
-from areal_proto.service.logs import setup_logging
+from areal_proto.service.logs import exit_process, setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         code = 1
+    if argv is None:  # the real program (tests call main with their own argv)
+        exit_process(code)
     sys.exit(code)
 
 

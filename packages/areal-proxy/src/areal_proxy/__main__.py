@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from areal_proto.service.logs import setup_logging
+from areal_proto.service.logs import exit_process, setup_logging
 from areal_proxy.settings import load_settings
 
 
@@ -33,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(serve(settings))
+            code = runner.run(serve(settings))
+        if argv is None:  # the real program (tests call main with their own argv)
+            exit_process(code)
+        return code
     except (FileNotFoundError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1

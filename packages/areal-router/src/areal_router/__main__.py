@@ -6,7 +6,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
-from areal_proto.service.logs import setup_logging
+from areal_proto.service.logs import exit_process, setup_logging
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -32,13 +32,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(serve(settings))
+            code = runner.run(serve(settings))
     except ValueError as exc:  # e.g. an unreadable --state-file
         log.error("%s", exc)
         return 1
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
+    if argv is None:  # the real program (tests call main with their own argv)
+        exit_process(code)
+    return code
 
 
 if __name__ == "__main__":
