@@ -161,6 +161,14 @@ class RouterClient:
         )
         return bool(resp.existed)
 
+    async def warm(self, timeout_s: float = 2.0) -> bool:
+        """Open the channel now, so the first request does not pay for the connection."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
+        except (TimeoutError, grpc.RpcError):
+            return False
+        return True
+
     async def bind_sessions(
         self, session_ids: Sequence[str], model: str, *, kind: int = router_pb2.PROXY_KIND_INFERENCE
     ) -> router_pb2.BindSessionResponse:

@@ -85,6 +85,12 @@ class Gateway:
         self._catalog = ModelCatalog(self._router)
         self._external = ExternalForwarder()
         self._agents = AgentProxyPool(token)
+        # Connect to the router before serving (the CLI starts it first), so the first
+        # request does not pay for the connection; a router not up yet is no error here.
+        if not await self._router.warm():
+            log.warning(
+                "router %s not reachable yet; requests will retry it", self.settings.router_addr
+            )
 
     async def aclose(self, grace: float | None = None) -> None:
         if self._closed or self._router is None:
