@@ -16,14 +16,21 @@ import logging
 import time
 from typing import Any
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from areal_gateway.auth import bearer_key
 from areal_gateway.metrics import endpoint_label
 from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
-from areal_gateway.openai.errors import error_body
-from areal_gateway.openai.forward import Endpoint, handle
+from areal_gateway.openai.errors import bad_request, error_body
+from areal_gateway.openai.forward import (
+    Endpoint,
+    GenerationResponse,
+    _too_large,
+    choose_request_id,
+    parse_model_and_stream,
+    parse_object,
+)
 from areal_gateway.runtime import Gateway
 from areal_proto.service.errors import ServiceError
 
@@ -90,9 +97,8 @@ class GenerationFastPath:
 
         inflight.inc()
         try:
-            scope["app"] = self.app  # what `request.app` reads
             try:
-                response = await handle(Request(scope, receive), endpoint, check)
+                response = await self._prepare(endpoint, check, scope, receive)
             except ServiceError as err:
                 headers = [(b"content-type", b"application/json")]
                 if err.http_status == 413:
@@ -114,6 +120,63 @@ class GenerationFastPath:
             inflight.dec()
             latency.observe(time.perf_counter() - start)
             self._count(label, status)
+
+    async def _prepare(
+        self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive
+    ) -> GenerationResponse:
+        """`openai.forward.handle`, reading the three headers it needs straight off the scope
+        (the first occurrence of each, as Starlette's `Headers.get`)."""
+        gw = self.gateway
+        assert gw is not None
+        auth = length = rid = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if auth is None:
+                    auth = value.decode("latin-1")
+            elif name == b"content-length":
+                if length is None:
+                    length = value.decode("latin-1")
+            elif name == b"x-request-id" and rid is None:
+                rid = value.decode("latin-1")
+        principal = gw.auth.authenticate(bearer_key(auth))
+        body = await _read_body(receive, length, gw.settings.max_body_bytes)
+        doc = parse_object(body)
+        model, stream = parse_model_and_stream(doc)
+        check(doc)
+        return GenerationResponse(
+            gw, endpoint, principal, choose_request_id(rid), model, stream, body, doc
+        )
+
+
+async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """`openai.forward.read_body` on the raw ASGI messages."""
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise bad_request(
+                "Invalid Content-Length header.", code="invalid_content_length"
+            ) from None
+        if size > limit:
+            raise _too_large(limit)
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(limit)
+                parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            raise ServiceError(499, "Client closed the request.", code="client_closed")
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
 
 
 async def _whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -102,6 +102,22 @@ class Metrics:
             registry=r,
         )
 
+        # Label children of the per-request series, looked up once.
+        self._routed: dict[tuple[str, str], Any] = {}
+        self._chunks: dict[str, Any] = {}
+
+    def routed_to(self, model: str, proxy_id: str) -> Any:
+        child = self._routed.get((model, proxy_id))
+        if child is None:
+            child = self._routed[(model, proxy_id)] = self.routed.labels(model, proxy_id)
+        return child
+
+    def chunks_of(self, endpoint: str) -> Any:
+        child = self._chunks.get(endpoint)
+        if child is None:
+            child = self._chunks[endpoint] = self.stream_chunks.labels(endpoint)
+        return child
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

@@ -12,7 +12,6 @@ that refused the connection (the call never reached it) sends the request to a n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -119,7 +118,11 @@ def parse_model_and_stream(doc: dict[str, Any]) -> tuple[str, bool]:
 
 
 def request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id")
+    return choose_request_id(request.headers.get("x-request-id"))
+
+
+def choose_request_id(given: str | None) -> str:
+    """The caller's X-Request-Id when it is a sane one, else a fresh id."""
     if given and len(given) <= 128 and given.isprintable():
         return given
     return os.urandom(12).hex()
@@ -176,24 +179,29 @@ class GenerationResponse(Response):
         return left
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        work = asyncio.ensure_future(self._run(send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        # The work runs in this task; a watcher cancels it if the client goes away (which
+        # cancels the gRPC call, which the proxy sees).
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            await _wait_disconnect(receive)
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            done, _ = await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            work.cancel()
-            watch.cancel()
-            raise
-        if work in done:
-            watch.cancel()
-            work.result()
-            return
-        # The client went away: cancel the generation (and with it the gRPC call).
-        work.cancel()
-        self.gw.metrics.disconnects.labels(self.endpoint.label).inc()
-        log.info("request %s: client disconnected, generation cancelled", self.request_id)
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await work
+            await self._run(send)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+            self.gw.metrics.disconnects.labels(self.endpoint.label).inc()
+            log.info("request %s: client disconnected, generation cancelled", self.request_id)
+        finally:
+            watcher.cancel()
 
     # -- sending --
     async def _send_error(self, send: Send, err: ServiceError) -> None:
@@ -289,7 +297,7 @@ class GenerationResponse(Response):
                     f"No healthy replica for model {self.model!r}.",
                     code="no_healthy_replica",
                 )
-            gw.metrics.routed.labels(self.model, route.proxy_id).inc()
+            gw.metrics.routed_to(self.model, route.proxy_id).inc()
             client = gw.proxies.get(route.address)
             routes.acquire(route.address)
             try:
@@ -321,7 +329,7 @@ class GenerationResponse(Response):
 
     async def _stream_from(self, send: Send, chunks: AsyncIterator[bytes]) -> None:
         metrics = self.gw.metrics
-        counter = metrics.stream_chunks.labels(self.endpoint.label)
+        counter = metrics.chunks_of(self.endpoint.label)
         try:
             try:
                 first = await chunks.__anext__()
