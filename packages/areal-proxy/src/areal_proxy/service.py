@@ -84,6 +84,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self._rpc_children: dict[tuple[str, str], Any] = {}
+        self._latency_children: dict[str, Any] = {}
         controller.on_finish = self._on_generation_finished
 
     # ---- bookkeeping -------------------------------------------------------------------
@@ -111,7 +112,10 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     def _exit(self, rpc: str, started: float) -> None:
         self._active -= 1
         self.metrics.inflight.dec()
-        self.metrics.latency.labels(rpc).observe(time.perf_counter() - started)
+        child = self._latency_children.get(rpc)
+        if child is None:
+            child = self._latency_children[rpc] = self.metrics.latency.labels(rpc)
+        child.observe(time.perf_counter() - started)
         if self._active == 0:
             self._idle.set()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from areal_proxy.engine.base import (
     EngineError,
@@ -79,6 +80,8 @@ class SGLangClient:
 
     def __init__(self, base_url: str, *, timeout: float | None = None, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
+        # Parsed once: aiohttp would parse the string on every request.
+        self._generate_url = URL(self.base_url + "/generate")
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
@@ -140,9 +143,7 @@ class SGLangClient:
 
     async def _post_generate(self, req: GenerationRequest) -> dict[str, Any]:
         try:
-            async with self._http().post(
-                self.base_url + "/generate", data=_payload(req, False)
-            ) as r:
+            async with self._http().post(self._generate_url, data=_payload(req, False)) as r:
                 raw = await r.read()
                 if r.status >= 400:
                     raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
@@ -157,9 +158,7 @@ class SGLangClient:
     async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         emitted = 0
         try:
-            async with self._http().post(
-                self.base_url + "/generate", data=_payload(req, True)
-            ) as r:
+            async with self._http().post(self._generate_url, data=_payload(req, True)) as r:
                 if r.status >= 400:
                     raw = await r.read()
                     raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
