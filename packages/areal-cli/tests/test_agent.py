@@ -272,7 +272,9 @@ def test_run_ps_status_logs_stop(agent):
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
     assert json.loads(secrets.read_text())["admin_api_key"] == "areal-agent-admin"
     comps = s["components"]
-    assert set(comps) == {"router", "gateway", "worker-0", "worker-1", "proxy-0", "proxy-1"}
+    assert set(comps) == {
+        "router", "gateway", "worker-0", "worker-1", "proxy-0", "proxy-1", "watchdog",
+    }  # fmt: skip
     gw_argv = comps["gateway"]["argv"]
     assert gw_argv[gw_argv.index("--mode") + 1] == "agent"
     assert gw_argv[gw_argv.index("--router-addr") + 1] == s["router"]["address"]
@@ -313,7 +315,7 @@ def test_run_ps_status_logs_stop(agent):
         assert r.returncode == 0 and f"starting {comp}" in r.stdout
     r = agent("logs", "--service", "default", "--component", "worker-9")
     assert r.returncode == 1
-    assert "available: gateway, proxy-0, proxy-1, router, worker-0, worker-1" in r.stderr
+    assert "available: gateway, proxy-0, proxy-1, router, watchdog, worker-0, worker-1" in r.stderr
 
     # a second run is refused
     r = agent("run", "--agent", AGENT)
@@ -349,7 +351,8 @@ def test_agent_from_config_file(agent, tmp_path):
 
 
 def test_force_over_stale_state_kills_recorded_orphans(agent):
-    assert agent("run", "--agent", AGENT, "--num-pairs", "2").returncode == 0
+    # Without the watchdog a dead gateway leaves stale state.
+    assert agent("run", "--agent", AGENT, "--num-pairs", "2", "--no-supervise").returncode == 0
     s = agent.state()
     old = {n: c["pid"] for n, c in s["components"].items()}
     os.killpg(s["components"]["gateway"]["pgid"], signal.SIGKILL)

@@ -150,6 +150,7 @@ def test_full_lifecycle_detached(clean):
         "m1-worker-1",
         "m1-data-proxy-0",
         "m1-data-proxy-1",
+        "watchdog",
     }
     for c in s["components"].values():
         assert {"pid", "pgid", "start_time", "argv", "host", "port", "log"} <= set(c)
@@ -233,7 +234,8 @@ def test_config_file_values_apply(clean, tmp_path):
     assert r.code == 0, r.err
     s = st.load("inf", "cfgsvc")
     assert s["gateway"]["port"] == port
-    assert s["components"]["router"]["argv"][-2:] == ["--policy", "least_loaded"]
+    router_argv = s["components"]["router"]["argv"]
+    assert router_argv[router_argv.index("--policy") + 1] == "least_loaded"
     assert s["components"]["mc-data-proxy-0"]["argv"][-2:] == ["--chat-template-type", "concat"]
     assert f.cli("inf", "--config", str(extra), "stop").code == 0
 
@@ -252,7 +254,9 @@ def test_foreground_ctrl_c_and_sigterm_tear_down(clean):
 
 def test_foreground_component_death_tears_down(clean):
     f = clean
-    p = f.popen("inf", "run", "--port", str(_port()), "--model", "m", "--model-path", "x")
+    p = f.popen(
+        "inf", "run", "--port", str(_port()), "--model", "m", "--model-path", "x", "--no-supervise"
+    )
     _wait_running(f)
     pid = st.load("inf", "default")["components"]["m-worker-0"]["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -276,7 +280,16 @@ def test_sigkill_component_shows_degraded(clean):
     f = clean
     assert (
         f.cli(
-            "inf", "run", "--port", str(_port()), "--detach", "--model", "m", "--model-path", "x"
+            "inf",
+            "run",
+            "--port",
+            str(_port()),
+            "--detach",
+            "--model",
+            "m",
+            "--model-path",
+            "x",
+            "--no-supervise",
         ).code
         == 0
     )
@@ -307,7 +320,7 @@ def test_killed_foreground_cli_then_force_kills_orphans(clean):
 
 def test_stale_state_shown_by_ps_all_and_cleaned_by_stop(clean):
     f = clean
-    assert f.cli("inf", "run", "--port", str(_port()), "--detach").code == 0
+    assert f.cli("inf", "run", "--port", str(_port()), "--detach", "--no-supervise").code == 0
     os.kill(st.load("inf", "default")["components"]["gateway"]["pid"], signal.SIGKILL)
     time.sleep(0.3)
     assert json.loads(f.cli("inf", "ps", "--json").out) == []
@@ -397,7 +410,7 @@ def test_register_failure_keeps_service(clean):
     )
     assert r.code == 1 and "bad-worker-0 failed to start" in r.err
     s = st.load("inf", "default")
-    assert set(s["components"]) == {"gateway", "router"} and s["models"] == {}
+    assert set(s["components"]) == {"gateway", "router", "watchdog"} and s["models"] == {}
     assert json.loads(f.cli("inf", "ps", "--json").out)[0]["status"] == "running"
     assert f.cli("inf", "stop").code == 0
 

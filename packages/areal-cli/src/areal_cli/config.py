@@ -21,11 +21,22 @@ Types = tuple[type, ...]
 _STR: Types = (str,)
 _INT: Types = (int,)
 _NUM: Types = (int, float)
+_BOOL: Types = (bool,)
 
 _ENGINE: dict[str, Types] = {"python": _STR, "default_args": _STR}
 _BINARIES_INF: dict[str, Types] = {"gateway": _STR, "router": _STR, "proxy": _STR}
 _BINARIES_AGENT: dict[str, Types] = {**_BINARIES_INF, "agent_worker": _STR}
 _STOP: dict[str, Types] = {"grace_period": _NUM}
+# areal_cli.watchdog.Policy; `--supervise/--no-supervise` overrides `enabled`.
+_SUPERVISION: dict[str, Types] = {
+    "enabled": _BOOL,
+    "max_restarts": _INT,
+    "backoff_initial": _NUM,
+    "backoff_max": _NUM,
+    "check_interval": _NUM,
+    "hung_after": _INT,
+    "window": _NUM,
+}
 
 SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
     "inf": {
@@ -53,6 +64,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
         "engine.vllm": _ENGINE,
         "binaries": _BINARIES_INF,
         "stop": _STOP,
+        "supervision": _SUPERVISION,
     },
     "agent": {
         "default": {"service": _STR, "admin_api_key": _STR, "log_level": _STR},
@@ -74,6 +86,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
         "scheduler": {"type": _STR},
         "binaries": _BINARIES_AGENT,
         "stop": _STOP,
+        "supervision": _SUPERVISION,
     },
 }
 
@@ -128,7 +141,7 @@ def _flatten(
                     f"{path}: unknown key '{key}' in [{table}] (allowed: {_allowed(schema, table)})"
                 )
             types = keys[key]
-            if isinstance(v, bool) or not isinstance(v, types):
+            if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
                 want = " or ".join(t.__name__ for t in types)
                 raise CLIError(
                     f"{path}: [{table}] key '{key}' must be {want}, got {type(v).__name__} {v!r}"

@@ -125,6 +125,19 @@ class Launcher:
     ) -> tuple[Any, Component]:
         if name in self.state.setdefault("components", {}):
             raise CLIError(f"component '{name}' already exists in service '{self.service}'")
+        from areal_cli.watchdog import SECRET_ENV
+
+        env = env or {}
+        # What the watchdog needs to respawn it: the environment without secrets (their
+        # names only; the values are re-read from the 0600 secrets file) and the cwd.
+        recorded = {
+            "role": role,
+            "started_at": time.time(),
+            "env": {k: v for k, v in env.items() if k not in SECRET_ENV},
+            "secret_env": sorted(k for k in env if k in SECRET_ENV),
+            "cwd": os.getcwd(),
+            **(meta or {}),
+        }
         proc, comp = supervisor.spawn(
             name,
             argv,
@@ -132,7 +145,7 @@ class Launcher:
             env=env,
             host=host,
             port=port,
-            meta={"role": role, "started_at": time.time(), **(meta or {})},  # type: ignore[dict-item]
+            meta=recorded,
         )
         self.procs[proc.pid] = proc
         self.started.append(comp)
@@ -217,9 +230,13 @@ def stop_signals():
             signal.signal(s, h)
 
 
-def monitor_foreground(group: str, service: str, instance: str, procs: dict[int, Any]) -> int:
-    """Watch a foreground service until Ctrl-C / SIGTERM (tear down, 0) or a death (tear down, 1).
+def monitor_foreground(
+    group: str, service: str, instance: str, procs: dict[int, Any], supervise: bool = False
+) -> int:
+    """Watch a foreground service until Ctrl-C / SIGTERM (tear down, 0).
 
+    With `supervise` the in-process watchdog restarts dead or hung components
+    (areal_cli.watchdog); without it a death tears the whole service down (exit 1).
     Re-reads the state each round, so components added by `register` are watched
     and torn down too, and one removed by `deregister` is not reported. When the
     state disappears (`areal <group> stop` from elsewhere) it returns 0.
@@ -231,6 +248,14 @@ def monitor_foreground(group: str, service: str, instance: str, procs: dict[int,
 
     try:
         with stop_signals():
+            if supervise:
+                from areal_cli.watchdog import Watchdog
+
+                wd = Watchdog(group, service, instance=instance, procs=procs, log=progress)
+                while wd.tick():
+                    time.sleep(wd.current_policy().check_interval)
+                progress(f"{group} service '{service}' was stopped")
+                return 0
             while True:
                 time.sleep(0.3)
                 for p in procs.values():

@@ -18,8 +18,9 @@ from areal_cli import state as st
 from areal_cli.errors import CLIError
 from areal_cli.supervisor import Component
 
-# Stop order: data proxies, then engines / agent workers, then gateway, then router.
-STOP_TIERS = (("proxy",), ("engine", "worker"), ("gateway",), ("router",))
+# Stop order: the watchdog first (so nothing is restarted), then data proxies, then
+# engines / agent workers, then gateway, then router.
+STOP_TIERS = (("watchdog",), ("proxy",), ("engine", "worker"), ("gateway",), ("router",))
 DEFAULT_GRACE = 10.0
 
 
@@ -34,26 +35,46 @@ def owner_alive(state: dict[str, Any]) -> bool:
     )
 
 
+def comp_state(comp: Component, alive: bool | None = None) -> str:
+    """running | dead | restarting | failed (the last two recorded by the watchdog)."""
+    from areal_cli.watchdog import sup_state
+
+    sup = sup_state(comp)
+    if sup in ("restarting", "failed"):
+        return sup
+    alive = comp.alive() if alive is None else alive
+    return "running" if alive else "dead"
+
+
 def service_status(state: dict[str, Any], comps: dict[str, Component] | None = None) -> str:
-    """starting | running | degraded (a component dead) | stale (gateway dead) | stopped."""
+    """starting | running | degraded (a component not running) | stale (gateway dead) | stopped.
+
+    A gateway the watchdog is restarting makes the service degraded, not stale.
+    """
     if state.get("phase") == "stopped":
         return "stopped"
     comps = components(state) if comps is None else comps
-    alive = {n: c.alive() for n, c in comps.items()}
+    states = {n: comp_state(c) for n, c in comps.items()}
     if state.get("phase") == "starting" and owner_alive(state):
         return "starting"
     gw = [n for n, c in comps.items() if c.meta.get("role") == "gateway"]
-    if not gw or not all(alive[n] for n in gw):
+    if not gw or not all(states[n] in ("running", "restarting") for n in gw):
         return "stale"
-    return "running" if all(alive.values()) else "degraded"
+    return "running" if all(v == "running" for v in states.values()) else "degraded"
 
 
 def describe(comp: Component) -> dict[str, Any]:
+    from areal_cli.watchdog import sup_info
+
     alive = comp.alive()
+    sup = sup_info(comp)
     d: dict[str, Any] = {
         "name": comp.name,
         "role": comp.meta.get("role", ""),
         "status": "running" if alive else "dead",
+        "state": comp_state(comp, alive),
+        "restarts": int(sup.get("restarts") or 0),
+        "last_failure": sup.get("last_failure"),
         "alive": alive,
         "pid": comp.pid,
         "pgid": comp.pgid,
@@ -138,6 +159,7 @@ def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
         status = service_status(s, comps)
         if status in ("stale", "stopped") and not include_stale:
             continue
+        states = {n: comp_state(c) for n, c in comps.items()}
         dead = sorted(n for n, c in comps.items() if not c.alive())
         row: dict[str, Any] = {
             "service": name,
@@ -145,6 +167,12 @@ def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
             "gateway": (s.get("gateway") or {}).get("url", ""),
             "components": len(comps),
             "dead": dead,
+            "restarting": sorted(n for n, v in states.items() if v == "restarting"),
+            "failed": sorted(n for n, v in states.items() if v == "failed"),
+            "restarts": sum(
+                int((c.meta.get("supervision") or {}).get("restarts") or 0) for c in comps.values()
+            ),
+            "supervised": bool((s.get("supervision") or {}).get("enabled")),
             "foreground": bool((s.get("owner") or {}).get("foreground")),
             "created_at": s.get("created_at"),
         }
@@ -177,9 +205,13 @@ def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
     last = "MODELS" if group == "inf" else "AGENT"
     table = []
     for r in rows:
-        status = r["status"] + (
-            f" ({', '.join(r['dead'])} dead)" if r["status"] == "degraded" else ""
-        )
+        status = r["status"]
+        if r["status"] == "degraded":
+            parts = [f"{', '.join(r[k])} {k}" for k in ("failed", "restarting") if r[k]]
+            dead = [n for n in r["dead"] if n not in r["restarting"] and n not in r["failed"]]
+            if dead:
+                parts.append(f"{', '.join(dead)} dead")
+            status += f" ({'; '.join(parts)})"
         extra = ",".join(r["models"]) if group == "inf" else r["agent"]
         table.append([r["service"], status, r["gateway"] or "-", extra or "-"])
     print_table(["SERVICE", "STATUS", "GATEWAY", last], table)
@@ -200,6 +232,7 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
         "scheduler": s.get("scheduler", "local"),
         "created_at": s.get("created_at"),
         "foreground": bool((s.get("owner") or {}).get("foreground")),
+        "supervision": s.get("supervision") or {"enabled": False},
     }
     gw = dict(described.get("gateway") or {})
     gw["url"] = (s.get("gateway") or {}).get("url", "")
@@ -253,6 +286,15 @@ def print_status(doc: dict[str, Any]) -> None:
     print(f"service   {doc['service']} ({doc['group']}, scheduler {doc['scheduler']})")
     health = "healthy" if gw.get("healthy") else "not answering" if gw.get("alive") else "dead"
     print(f"status    {doc['status']}")
+    sup = doc.get("supervision") or {}
+    if sup.get("enabled"):
+        print(
+            f"watchdog  on (at most {sup.get('max_restarts')} restarts per "
+            f"{sup.get('window', 0):g}s, backoff {sup.get('backoff_initial', 0):g}s"
+            f"..{sup.get('backoff_max', 0):g}s)"
+        )
+    else:
+        print("watchdog  off")
     print(f"gateway   {gw.get('url') or '-'} ({health})")
     if doc["group"] == "inf":
         names = ", ".join(m["name"] for m in doc["models"]) or "-"
@@ -265,8 +307,25 @@ def print_status(doc: dict[str, Any]) -> None:
         addr = (
             c.get("url") or c.get("address") or (f"{c['host']}:{c['port']}" if c["port"] else "-")
         )
-        rows.append([c["name"], c["role"], c["status"], str(c["pid"]), addr, c["log"]])
-    print_table(["COMPONENT", "ROLE", "STATUS", "PID", "ADDRESS", "LOG"], rows)
+        last = c.get("last_failure") or {}
+        failure = "-"
+        if last.get("reason"):
+            at = time.strftime("%H:%M:%S", time.localtime(float(last.get("at") or 0)))
+            failure = f"{at} {last['reason']}"
+        rows.append(
+            [
+                c["name"],
+                c["role"],
+                c["state"],
+                str(c["restarts"]),
+                str(c["pid"]),
+                addr,
+                failure,
+                c["log"],
+            ]
+        )
+    headers = ["COMPONENT", "ROLE", "STATE", "RESTARTS", "PID", "ADDRESS", "LAST FAILURE", "LOG"]
+    print_table(headers, rows)
 
 
 def status(group: str, service: str, *, as_json: bool, watch: bool, interval: float) -> int:

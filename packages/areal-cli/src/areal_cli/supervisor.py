@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class LaunchError(Exception):
@@ -51,7 +52,7 @@ class Component:
     host: str = ""
     port: int = 0
     # Free-form facts about the component (role, model, rank, url, ...).
-    meta: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,7 +122,7 @@ def spawn(
     cwd: str | None = None,
     host: str = "",
     port: int = 0,
-    meta: dict[str, str] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen, Component]:
     """Start `argv` in a new process group with output appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -180,6 +180,7 @@ def main() -> None:
         serve_http(a.host, a.port, a.ready_file, "gateway")
     elif role == "router":
         p.add_argument("--policy", default="round_robin")
+        p.add_argument("--state-file", default="")
         p.add_argument("--drain-timeout")
         a = p.parse_args(argv)
         serve_tcp(a.host, a.port, a.ready_file, "router")
@@ -198,6 +199,7 @@ def main() -> None:
             "--drain-timeout",
             "--inf-gateway-url",
             "--inf-model",
+            "--db-path",
         ):
             p.add_argument(flag)
         a = p.parse_args(argv)

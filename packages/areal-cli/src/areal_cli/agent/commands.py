@@ -122,6 +122,14 @@ def run(
             help="Model the agent's LLM calls use [default: the linked service's only model]."
         ),
     ] = None,
+    supervise: Annotated[
+        bool | None,
+        typer.Option(
+            "--supervise/--no-supervise",
+            help="Restart dead or hung components with backoff (the watchdog) "
+            "[default: [supervision] enabled, else on].",
+        ),
+    ] = None,
 ) -> None:
     """Start an agent service (router, gateway, N worker/data-proxy pairs) and return."""
     from areal_cli.agent import launch
@@ -144,6 +152,7 @@ def run(
         inf_gateway_url=inf_gateway_url,
         inf_admin_api_key=inf_admin_api_key,
         inf_model=inf_model,
+        supervise=supervise,
     )
     raise typer.Exit(launch.run(_cfg(ctx), opts))
 

@@ -40,6 +40,7 @@ from areal_cli.launcher import (
     stop_signals,
 )
 from areal_cli.supervisor import Component, LaunchError
+from areal_cli.watchdog import policy_from_config
 
 GROUP = "agent"
 ROUTING_STRATEGIES = (
@@ -84,6 +85,7 @@ class RunOptions:
     inf_gateway_url: str | None = None
     inf_admin_api_key: str | None = None
     inf_model: str | None = None
+    supervise: bool | None = None
 
 
 @dataclass
@@ -115,6 +117,7 @@ class Plan:
     port: int
     routing_strategy: str
     inf: InfLink | None
+    supervision: dict[str, Any] | None = None
 
 
 def _positive(name: str, value: float) -> float:
@@ -192,6 +195,7 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
         port=port,
         routing_strategy=strategy,
         inf=resolve_inf_link(cfg, o),
+        supervision=policy_from_config(cfg, o.supervise).to_dict(),
     )
 
 
@@ -296,6 +300,10 @@ def run(cfg: Config, o: RunOptions) -> int:
                 _wait_healthy(launcher, plan, deadline)
                 state["phase"] = "running"
                 launcher.save()
+                if (plan.supervision or {}).get("enabled"):
+                    from areal_cli.inf.launch import start_watchdog
+
+                    start_watchdog(launcher, GROUP)
         except BaseException as e:
             _fail_run(launcher, e)
             raise  # not reached: _fail_run raises
@@ -332,6 +340,7 @@ def _initial_state(plan: Plan) -> dict[str, Any]:
         "drain_timeout": plan.drain_timeout,
         "session_timeout": plan.session_timeout,
         "admin_key_source": plan.key_source,
+        "supervision": plan.supervision or {"enabled": False},
         "inf_link": inf,
         "gateway": {"host": plan.host, "port": plan.port, "url": ""},
         "router": {"address": ""},
@@ -379,8 +388,11 @@ def _start_core(
     state = launcher.state
     common = ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
     ready = launcher.ready_file("router")
+    state_file = st.run_dir(GROUP, plan.service) / "router-state.json"
+    if state_file.exists():
+        state_file.unlink()  # a new service starts with an empty registry
     argv = [router_bin, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
-    argv += [*common, "--policy", plan.routing_strategy]
+    argv += [*common, "--policy", plan.routing_strategy, "--state-file", str(state_file)]
     proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
     info: dict[str, Any] = {}
     launcher.wait_all(

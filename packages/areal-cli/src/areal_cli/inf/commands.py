@@ -115,6 +115,14 @@ def run(
     model_health_timeout: Annotated[
         float | None, typer.Option(help="Seconds each engine gets to be healthy [default: 600].")
     ] = None,
+    supervise: Annotated[
+        bool | None,
+        typer.Option(
+            "--supervise/--no-supervise",
+            help="Restart dead or hung components with backoff (the watchdog) "
+            "[default: [supervision] enabled, else on].",
+        ),
+    ] = None,
 ) -> None:
     """Start an inference service: router, gateway and, with --model, a model's replicas."""
     from areal_cli.inf import launch
@@ -130,6 +138,7 @@ def run(
         routing_strategy=routing_strategy,
         log_level=log_level,
         launch_timeout=launch_timeout,
+        supervise=supervise,
         model=launch.ModelOptions(
             name=model,
             backend=backend,

@@ -13,6 +13,7 @@ import os
 import secrets
 import shlex
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -228,6 +229,9 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
             spec.tokenizer_path,
             "--proxy-id",
             name,
+            # Stable per service and proxy: a restarted proxy finds its recorded sessions.
+            "--db-path",
+            str(proxy_db_path(launcher.service, name)),
             *shlex.split(spec.proxy_args),
         ]
         proc, comp = launcher.spawn(
@@ -249,6 +253,26 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
         launcher.update(comp, port=int(info["port"]), address=address)
     launcher.save()
     return record
+
+
+def proxy_db_path(service: str, proxy: str) -> Path:
+    """`$AREAL_HOME/inf/data/<svc>/<proxy>.sqlite`: kept after stop, like the logs."""
+    d = st.group_dir(GROUP) / "data" / service
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d / f"{proxy}.sqlite"
+
+
+def router_state_file(service: str) -> Path:
+    """The router's `--state-file` (registrations and session pins survive a router restart)."""
+    return st.run_dir(GROUP, service) / "router-state.json"
+
+
+def start_watchdog(launcher: Launcher, group: str) -> None:
+    """`--detach` with supervision: the watchdog as a recorded component of the service."""
+    argv = [sys.executable, "-m", "areal_cli.watchdog", "--group", group]
+    argv += ["--service", launcher.service, "--instance", launcher.state["instance"]]
+    proc, comp = launcher.spawn("watchdog", "watchdog", argv, env={})
+    launcher.wait_all([(proc, comp, lambda: True)], 5.0)
 
 
 def _engine_port() -> int:
@@ -296,6 +320,7 @@ class RunOptions:
     log_level: str | None
     launch_timeout: float | None
     model: ModelOptions
+    supervise: bool | None = None
 
 
 def run(cfg: Config, o: RunOptions) -> int:
@@ -329,6 +354,9 @@ def run(cfg: Config, o: RunOptions) -> int:
     if not key:
         key, key_source = "areal-" + secrets.token_urlsafe(24), "generated"
     spec = resolve_model(cfg, o.model, "--model") if o.model.name is not None else None
+    from areal_cli.watchdog import policy_from_config
+
+    policy = policy_from_config(cfg, o.supervise)
 
     # Everything that can be checked before a process starts is checked here.
     router_bin = resolve_binary(cfg, "router")
@@ -357,6 +385,8 @@ def run(cfg: Config, o: RunOptions) -> int:
             "routing_strategy": strategy,
             "log_level": log_level,
             "launch_timeout": timeout,
+            "model_health_timeout": spec.health_timeout if spec else DEFAULT_MODEL_HEALTH_TIMEOUT,
+            "supervision": policy.to_dict(),
             "admin_key_source": key_source,
             "gateway": {"host": host, "port": port, "url": ""},
             "router": {"address": ""},
@@ -378,6 +408,8 @@ def run(cfg: Config, o: RunOptions) -> int:
                     progress(f"model '{spec.name}' registered ({time.monotonic() - t0:.1f}s)")
                 state["phase"] = "running"
                 launcher.save()
+                if o.detach and policy.enabled:
+                    start_watchdog(launcher, GROUP)
         except BaseException as e:
             _fail_run(launcher, e)
             raise  # not reached: _fail_run raises
@@ -387,7 +419,9 @@ def run(cfg: Config, o: RunOptions) -> int:
     _print_summary(service, state, key_source, detached=o.detach)
     if o.detach:
         return 0
-    return monitor_foreground(GROUP, service, state["instance"], launcher.procs)
+    return monitor_foreground(
+        GROUP, service, state["instance"], launcher.procs, supervise=policy.enabled
+    )
 
 
 def _clear_existing(service: str, force: bool) -> None:
@@ -430,6 +464,9 @@ def _start_core(
 ) -> None:
     state = launcher.state
     ready = launcher.ready_file("router")
+    state_file = router_state_file(launcher.service)
+    if state_file.exists():
+        state_file.unlink()  # a new service starts with an empty registry
     argv = [
         router_bin,
         "--host",
@@ -442,6 +479,8 @@ def _start_core(
         opts["log_level"],
         "--policy",
         strategy,
+        "--state-file",
+        str(state_file),
     ]
     proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
     info: dict[str, Any] = {}
