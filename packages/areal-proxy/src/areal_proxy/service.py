@@ -89,6 +89,18 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
 
     # ---- bookkeeping -------------------------------------------------------------------
 
+    def _error(self, exc: BaseException) -> ServiceError:
+        """The client's error; an engine that is gone is marked unhealthy at once.
+
+        GetStats then says healthy=false, so the router routes no new work here until
+        the background health check (every --engine-health-interval) sees it back.
+        """
+        if isinstance(exc, EngineError) and exc.status == 503 and self.state.engine_healthy:
+            self.state.engine_healthy = False
+            self.state.engine_detail = f"engine call failed: {exc}"
+            log.warning("engine marked unhealthy: %s", exc)
+        return _service_error(exc)
+
     def _on_generation_finished(self, rec: GenerationRecord) -> None:
         ttft = rec.first_token_at - rec.created if rec.first_token_at is not None else None
         self.metrics.observe_generation(len(rec.prompt_ids), len(rec.token_ids), ttft, rec.attempts)
@@ -167,7 +179,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
                 self._count(rpc, "499")
                 raise
             except Exception as e:
-                err = _service_error(e)
+                err = self._error(e)
         finally:
             self._exit(rpc, started)
         self._fail(rpc, request, err)
@@ -200,7 +212,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
                 self._count(rpc, "499")
                 raise
             except Exception as e:
-                err = _service_error(e)
+                err = self._error(e)
         finally:
             self._exit(rpc, started)
         self._fail(rpc, request, err)
@@ -251,7 +263,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         try:
             message = await action()
         except Exception as e:
-            err = _service_error(e)
+            err = self._error(e)
             self._count(rpc, str(err.http_status))
             log.warning("%s failed: %s", rpc, err.message)
             await abort(context, err)
@@ -324,7 +336,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             if asyncio.iscoroutine(result):
                 result = await result
         except Exception as e:
-            err = _service_error(e)
+            err = self._error(e)
             self._count(rpc, str(err.http_status))
             await abort(context, err)
             raise AssertionError("unreachable") from e
@@ -389,7 +401,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             if request.remove_session:
                 book.remove(sessions)
         except Exception as e:
-            err = _service_error(e)
+            err = self._error(e)
             self._count("ExportTrajectories", str(err.http_status))
             await abort(context, err)
             return

@@ -152,6 +152,11 @@ class SGLangClient:
             raise EngineError(
                 f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
             ) from e
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            # The engine went away mid-request (killed, crashed): 503, not retried here.
+            raise EngineError(
+                f"engine connection lost at {self.base_url}: {e!r}", status=503
+            ) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine /generate failed: {e!r}", status=502) from e
 
@@ -204,6 +209,11 @@ class SGLangClient:
         except aiohttp.ClientConnectorError as e:
             raise EngineError(
                 f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            ) from e
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            raise EngineError(
+                f"engine connection lost at {self.base_url} after {emitted} tokens: {e!r}",
+                status=503,
             ) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(
