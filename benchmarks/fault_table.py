@@ -1,0 +1,409 @@
+"""Fault table: SIGKILL / SIGSTOP each component kind of a supervised service under load.
+
+Real processes on loopback only: `areal inf run --model tiny-parrot --backend sglang:dN
+--detach` (the CPU SGLang engine) and `areal agent run --agent examples.agents.echo.EchoAgent
+--num-pairs 2 --detach`, each with the watchdog on (the default). For each row the load is 16
+client threads, each running RL sessions (`/rl/start_session`, then chats with the session
+key, no client retries) for a bounded number of requests; after a short warm-up one component
+gets the signal. Per row:
+
+* errors   - client requests that did not answer 200 during the row;
+* healthy  - seconds from the signal until every component is `running` again (watchdog
+             state, pid identity) and a fresh chat through the gateway succeeds;
+* lost     - acknowledged interactions (a 200 chat; its response id) missing from
+             `/rl/export_trajectories` of its session afterwards (must be 0);
+* restarts - the victim's restart count.
+
+After all rows `stop` runs and every recorded process group (and any process with this
+AREAL_HOME in its environment) must be gone: the orphan column.
+
+    uv run python benchmarks/fault_table.py [--replicas 2] [--requests 240] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+PARROT = ROOT / "models" / "tiny-parrot"
+MODEL = "tiny-parrot"
+KEY = "fault-admin-key"
+CONCURRENCY = 16
+
+
+class Areal:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items() if k != "AREAL_ADMIN_API_KEY"}
+        self.env["AREAL_HOME"] = str(home)
+        bindir = str(Path(sys.executable).parent)
+        self.env["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env["CUDA_VISIBLE_DEVICES"] = ""
+
+    def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "areal_cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+
+    def state(self, group: str) -> dict[str, Any]:
+        return json.loads((self.home / group / "services" / "default.json").read_text())
+
+    def processes(self) -> list[int]:
+        marker = f"AREAL_HOME={self.home}".encode()
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+            found.append(int(d))
+        return found
+
+
+def pgid_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    rest = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(rest[2]) == pgid and rest[0] != b"Z":
+                return True
+    return False
+
+
+class Load:
+    """16 threads of RL sessions (inf) or agent sessions (agent), bounded by count and time."""
+
+    def __init__(self, url: str, group: str, total: int, deadline: float) -> None:
+        self.url = url
+        self.group = group
+        self.total = total
+        self.deadline = deadline
+        self.sent = 0
+        self.errors: list[str] = []
+        self.acked: dict[str, list[str]] = {}  # session id -> acknowledged interaction ids
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._worker, daemon=True) for _ in range(CONCURRENCY)
+        ]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(timeout=max(1.0, self.deadline - time.monotonic() + 30))
+
+    def _take(self) -> bool:
+        with self.lock:
+            if self.sent >= self.total or time.monotonic() > self.deadline:
+                return False
+            self.sent += 1
+            return True
+
+    def _err(self, what: str) -> None:
+        with self.lock:
+            self.errors.append(what[:200])
+        time.sleep(0.5)  # a client pauses after an error (no retry of that request)
+
+    def _worker(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as c:
+            while self._take():
+                try:
+                    sid, skey = self._session(c)
+                except Exception as e:
+                    self._err(f"start: {e!r}")
+                    continue
+                for turn in range(4):
+                    if turn and not self._take():
+                        return
+                    self._chat(c, sid, skey, turn)
+
+    def _session(self, c: httpx.Client) -> tuple[str, str]:
+        admin = {"Authorization": f"Bearer {KEY}"}
+        if self.group == "inf":
+            r = c.post(
+                "/rl/start_session", json={"task_id": "fault", "group_size": 1}, headers=admin
+            )
+            if r.status_code != 201:
+                raise RuntimeError(f"{r.status_code} {r.text[:120]}")
+            s = r.json()["sessions"][0]
+            return s["session_id"], s["session_api_key"]
+        r = c.post("/v1/sessions", json={}, headers=admin)
+        if r.status_code != 201:
+            raise RuntimeError(f"{r.status_code} {r.text[:120]}")
+        return r.json()["session_id"], r.json()["session_api_key"]
+
+    def _chat(self, c: httpx.Client, sid: str, skey: str, turn: int) -> None:
+        body = {
+            "model": MODEL if self.group == "inf" else "agent",
+            "messages": [{"role": "user", "content": f"hello number {turn}"}],
+            "max_tokens": 4,
+        }
+        try:
+            r = c.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {skey}"}
+            )
+        except Exception as e:
+            self._err(f"chat: {e!r}")
+            return
+        if r.status_code != 200:
+            self._err(f"chat {r.status_code}: {r.text[:120]}")
+            return
+        with self.lock:
+            self.acked.setdefault(sid, []).append(r.json().get("id", ""))
+
+
+def exported_ids(url: str, sids: list[str]) -> set[str]:
+    out: set[str] = set()
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for i in range(0, len(sids), 50):
+            r = c.post(
+                "/rl/export_trajectories",
+                json={"session_ids": sids[i : i + 50], "style": "individual"},
+                headers={"Authorization": f"Bearer {KEY}"},
+            )
+            r.raise_for_status()
+            out.update(str(row.get("interaction_id")) for row in r.json()["rows"])
+    return out
+
+
+def healthy(a: Areal, group: str, url: str) -> bool:
+    try:
+        s = a.state(group)
+    except (OSError, ValueError):
+        return False
+    for c in s["components"].values():
+        sup = (c.get("meta") or {}).get("supervision") or {}
+        if sup.get("state", "running") != "running":
+            return False
+        try:
+            with open(f"/proc/{c['pid']}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return False
+        if rest[0] in (b"Z", b"T") or int(rest[19]) != c["start_time"]:
+            return False
+    try:
+        with httpx.Client(base_url=url, timeout=10) as c:
+            if group == "inf":
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "ok"}],
+                        "max_tokens": 1,
+                    },
+                    headers={"Authorization": f"Bearer {KEY}"},
+                )
+            else:
+                r = c.post("/v1/sessions", json={}, headers={"Authorization": f"Bearer {KEY}"})
+                if r.status_code == 201:
+                    r = c.post(
+                        "/v1/chat/completions",
+                        json={"model": "agent", "messages": [{"role": "user", "content": "ok"}]},
+                        headers={"Authorization": f"Bearer {r.json()['session_api_key']}"},
+                    )
+                    return r.status_code == 200
+            return r.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run_row(
+    a: Areal, group: str, victim: str, sig: signal.Signals, requests: int, row_timeout: float
+) -> dict[str, Any]:
+    s = a.state(group)
+    url = s["gateway"]["url"]
+    comp = s["components"][victim]
+    load = Load(url, group, requests, time.monotonic() + row_timeout)
+    load.start()
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    os.killpg(comp["pgid"], sig)
+    back = None
+    while time.monotonic() - t0 < row_timeout:
+        time.sleep(0.25)
+        if healthy(a, group, url):
+            back = time.monotonic() - t0
+            break
+    if sig == signal.SIGSTOP:
+        try:
+            os.killpg(comp["pgid"], signal.SIGCONT)  # at the end; the watchdog killed it anyway
+        except ProcessLookupError:
+            pass
+    load.join()
+    lost: int | str = "n/a"
+    acked = sum(len(v) for v in load.acked.values())
+    if group == "inf":
+        ids = exported_ids(url, list(load.acked))
+        lost = sum(1 for v in load.acked.values() for i in v if i not in ids)
+    restarts = (
+        (a.state(group)["components"][victim].get("meta") or {}).get("supervision") or {}
+    ).get("restarts", 0)
+    return {
+        "service": group,
+        "victim": victim,
+        "signal": sig.name,
+        "requests": load.sent,
+        "acked": acked,
+        "errors": len(load.errors),
+        "error_samples": sorted(set(e.split(":")[0] for e in load.errors))[:4],
+        "healthy_after_s": round(back, 1) if back is not None else None,
+        "lost": lost,
+        "restarts": restarts,
+    }
+
+
+def orphans(a: Areal, group: str, pgids: set[int]) -> list[int]:
+    r = a(group, "stop", "--grace", "10")
+    if r.returncode != 0:
+        print(r.stderr, file=sys.stderr)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = [g for g in pgids if pgid_alive(g)]
+        if not left:
+            break
+        time.sleep(0.2)
+    return [g for g in pgids if pgid_alive(g)]
+
+
+def all_pgids(a: Areal, group: str) -> set[int]:
+    try:
+        return {c["pgid"] for c in a.state(group)["components"].values()}
+    except (OSError, ValueError):
+        return set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--requests", type=int, default=240, help="per row")
+    p.add_argument("--row-timeout", type=float, default=150.0)
+    p.add_argument("--skip-agent", action="store_true")
+    p.add_argument("--json", default="")
+    a_ = p.parse_args(argv)
+    home = Path(tempfile.mkdtemp(prefix="areal-faults-"))
+    a = Areal(home)
+    rows: list[dict[str, Any]] = []
+    orphan_report: dict[str, Any] = {}
+    try:
+        t = time.monotonic()
+        r = a(
+            "inf", "run", "--model", MODEL, "--backend", f"sglang:d{a_.replicas}",
+            "--model-path", str(PARROT), "--detach", "--port", "0", "--admin-api-key", KEY,
+            "--routing-strategy", "least_loaded",
+        )  # fmt: skip
+        if r.returncode != 0:
+            print(r.stderr, file=sys.stderr)
+            return 1
+        print(f"inf service up in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
+        seen = all_pgids(a, "inf")
+        plan = [
+            ("gateway", signal.SIGKILL),
+            ("router", signal.SIGKILL),
+            (f"{MODEL}-data-proxy-0", signal.SIGKILL),
+            (f"{MODEL}-worker-1", signal.SIGKILL),
+            (f"{MODEL}-data-proxy-1", signal.SIGSTOP),
+        ]
+        for victim, sig in plan:
+            print(f"row: {sig.name} {victim}", file=sys.stderr, flush=True)
+            rows.append(run_row(a, "inf", victim, sig, a_.requests, a_.row_timeout))
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+            seen |= all_pgids(a, "inf")
+        orphan_report["inf"] = orphans(a, "inf", seen)
+        if not a_.skip_agent:
+            r = a(
+                "agent", "run", "--agent", "examples.agents.echo.EchoAgent", "--num-pairs", "2",
+                "--admin-api-key", KEY, "--health-poll-interval", "0.5",
+            )  # fmt: skip
+            if r.returncode != 0:
+                print(r.stderr, file=sys.stderr)
+                return 1
+            seen = all_pgids(a, "agent")
+            for victim, sig in (("worker-0", signal.SIGKILL),):
+                print(f"row: {sig.name} agent {victim}", file=sys.stderr, flush=True)
+                rows.append(run_row(a, "agent", victim, sig, a_.requests, a_.row_timeout))
+                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+                seen |= all_pgids(a, "agent")
+            orphan_report["agent"] = orphans(a, "agent", seen)
+    finally:
+        for group in ("inf", "agent"):
+            if (home / group / "services" / "default.json").exists():
+                a(group, "stop", "--force")
+        leftover = a.processes()
+        for pid in leftover:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        orphan_report["processes_with_home"] = leftover
+    for row in rows:
+        row["orphans_after_stop"] = len(orphan_report.get(row["service"], [])) + len(
+            orphan_report["processes_with_home"]
+        )
+    print_table(rows)
+    if a_.json:
+        Path(a_.json).write_text(json.dumps({"rows": rows, "orphans": orphan_report}, indent=2))
+    return 0
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = [
+        "service",
+        "victim",
+        "signal",
+        "requests",
+        "acked",
+        "errors",
+        "healthy_after_s",
+        "lost",
+        "restarts",
+        "orphans_after_stop",
+    ]
+    table = [[str(r.get(h)) for h in head] for r in rows]
+    widths = [
+        max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)
+    ]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for t in table:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)) + " |")
+    for r in rows:
+        if r["error_samples"]:
+            print(f"  {r['victim']}: {', '.join(r['error_samples'])}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

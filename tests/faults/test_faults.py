@@ -1,0 +1,69 @@
+"""Fault tests: SIGKILL / SIGSTOP each component kind of a supervised service under load.
+
+Real binaries and the real CPU SGLang engine (tiny-parrot), loopback only, bounded in
+requests and time; the work is benchmarks/fault_table.py, which also prints the table.
+Slow (two engine starts on the CPU plus five fault rows): several minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _engine_available() -> bool:
+    from areal_cli import engines
+    from areal_cli.errors import CLIError
+
+    try:
+        engines.resolve_python("sglang")
+    except CLIError:
+        return False
+    return True
+
+
+pytestmark = [
+    pytest.mark.skipif(
+        not all(
+            shutil.which(b) or (BIN / b).exists()
+            for b in ("areal-gateway", "areal-router", "areal-proxy", "areal-agent-worker")
+        ),
+        reason="service binaries not installed",
+    ),
+    pytest.mark.skipif(not _engine_available(), reason="no SGLang engine installed"),
+]
+
+
+def _fault_table():
+    spec = importlib.util.spec_from_file_location(
+        "fault_table", ROOT / "benchmarks" / "fault_table.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fault_table(tmp_path, capsys):
+    out = tmp_path / "faults.json"
+    code = _fault_table().main(["--requests", "200", "--row-timeout", "150", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    with capsys.disabled():
+        print()
+        _fault_table().print_table(doc["rows"])
+    assert len(doc["rows"]) == 6
+    for row in doc["rows"]:
+        assert row["healthy_after_s"] is not None, row  # back within the row's bound
+        assert row["lost"] in (0, "n/a"), row  # no acknowledged interaction lost
+        assert row["restarts"] >= 1, row  # the watchdog did it, not the test
+        assert row["orphans_after_stop"] == 0, row
+    assert doc["orphans"]["processes_with_home"] == []
