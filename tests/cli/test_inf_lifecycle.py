@@ -60,7 +60,8 @@ def test_foreground_run_ctrl_c(areal):
 
 
 def test_foreground_gateway_death_tears_everything_down(areal):
-    p = areal.popen("inf", "run", "--port", str(free_port()))
+    # Without supervision (with it, the watchdog restarts the gateway instead).
+    p = areal.popen("inf", "run", "--port", str(free_port()), "--no-supervise")
     areal.wait_status("running", timeout=60)
     gw = areal("inf", "status", "--json").json()["gateway"]["pid"]
     os.kill(gw, signal.SIGKILL)
