@@ -135,7 +135,7 @@ async def test_state_store_writes_0600_after_changes_and_loads(tmp_path):
     reg.add_model(ModelState(name="m"))
     store.mark_dirty()
     store.mark_dirty()  # debounced: one write
-    for _ in range(100):
+    for _ in range(1000):  # up to 10 s on a loaded machine
         if path.exists():
             break
         await asyncio.sleep(0.01)
