@@ -315,3 +315,27 @@ def test_proxy_killed_under_traffic_fails_over(sglang_engine, tmp_path):
         wait_healthy(s, MODEL, 1)
     finally:
         s.stop()
+
+
+def test_cache_aware_keeps_a_prompt_prefix_on_one_replica(sglang_engine, tmp_path):
+    """The gateway sends prefix hashes only to a cache_aware router; each conversation
+    prefix then stays on the replica that served it first."""
+    from stack import metric
+
+    s = start_stack(tmp_path / "cache", sglang_engine.url, PARROT, policy="cache_aware")
+    try:
+        c = client(s)
+        system = {"role": "system", "content": "You are a careful assistant. " * 8}
+        counts = []
+        for convo in range(4):
+            before = [metric(p, "areal_proxy_requests_total") for p in s.proxies]
+            for turn in range(3):
+                msgs = [system, {"role": "user", "content": f"conversation {convo}"}]
+                msgs += [{"role": "user", "content": f"turn {t}"} for t in range(turn)]
+                c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1)
+            after = [metric(p, "areal_proxy_requests_total") for p in s.proxies]
+            counts.append([a - b for a, b in zip(after, before, strict=True)])
+        # Every conversation's three turns went to one replica.
+        assert all(sorted(c) == [0, 3] for c in counts), counts
+    finally:
+        s.stop()

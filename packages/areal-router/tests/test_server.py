@@ -239,7 +239,13 @@ async def test_route_lease_only_when_asked_and_never_for_sessions():
         assert [c.proxy_id for c in leased.candidates] == ["m-0", "m-1"]
         pinned = await route(want_lease=True, session_id="s-1")
         assert pinned.lease_ms == 0 and not pinned.candidates
-        assert (await route(want_lease=True, prefix_hashes=[7])).lease_ms == 0
+        # A prefix does not matter to this policy: the lease stands, and the caller is told
+        # that prefixes are not wanted.
+        with_prefix = await route(want_lease=True, prefix_hashes=[7])
+        assert with_prefix.lease_ms > 0 and not with_prefix.wants_prefix
+        # cache_aware routes by prefix: no lease, and the caller is asked for prefixes.
+        by_prefix = await route(want_lease=True, prefix_hashes=[7], policy="cache_aware")
+        assert by_prefix.lease_ms == 0 and by_prefix.wants_prefix
         h.server.service.lease_ms = 0  # --route-lease 0
         assert (await route(want_lease=True)).lease_ms == 0
     finally:

@@ -124,6 +124,7 @@ class RouterClient:
         session_id: str = "",
         kind: int = router_pb2.PROXY_KIND_INFERENCE,
         want_lease: bool = False,
+        prefix_hashes: list[int] | None = None,
         timeout_s: float = ROUTER_TIMEOUT,
     ) -> router_pb2.RouteResponse:
         req = router_pb2.RouteRequest(
@@ -131,6 +132,7 @@ class RouterClient:
             session_id=session_id,
             kind=kind,  # type: ignore[arg-type]
             want_lease=want_lease,
+            prefix_hashes=prefix_hashes or (),
         )
         return await self._call(self._stub.Route, req, timeout_s)
 

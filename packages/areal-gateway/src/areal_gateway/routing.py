@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_gateway.clients import RouterClient
@@ -76,6 +77,8 @@ class RouteTable:
         self._renewing: dict[tuple[str, int], asyncio.Future[router_pb2.RouteResponse]] = {}
         # This gateway's calls in progress, by proxy address (least-loaded picks).
         self.inflight: dict[str, int] = {}
+        # Models whose router policy routes by prompt prefix (cache_aware), as last told.
+        self._by_prefix: set[str] = set()
 
     async def route(
         self,
@@ -84,11 +87,21 @@ class RouteTable:
         session_id: str = "",
         kind: int = router_pb2.PROXY_KIND_INFERENCE,
         timeout_s: float,
+        prefix: Callable[[], list[int]] | None = None,
     ) -> Pick:
         if session_id:
             return _pick(
                 await self._router.route(model, session_id=session_id, timeout_s=timeout_s)
             )
+        if model in self._by_prefix and prefix is not None:
+            # cache_aware: every decision depends on the prompt, so no lease; the
+            # hashes are computed only for models routed this way.
+            resp = await self._router.route(
+                model, kind=kind, prefix_hashes=prefix(), timeout_s=timeout_s
+            )
+            if not resp.wants_prefix:
+                self._by_prefix.discard(model)
+            return _pick(resp)
         key = (model, kind)
         lease = self._leases.get(key)
         if lease is not None:
@@ -102,14 +115,29 @@ class RouteTable:
             if resp.lease_ms and lease is not None:
                 return lease.pick(self.inflight)
             # No lease came of it: this request needs its own decision.
-            return _pick(await self._router.route(model, kind=kind, timeout_s=timeout_s))
-        return await self._renew(key, timeout_s)
+            hashes = prefix() if prefix is not None else None
+            return _pick(
+                await self._router.route(
+                    model, kind=kind, prefix_hashes=hashes, timeout_s=timeout_s
+                )
+            )
+        return await self._renew(key, timeout_s, prefix)
 
-    async def _renew(self, key: tuple[str, int], timeout_s: float) -> Pick:
+    async def _renew(
+        self, key: tuple[str, int], timeout_s: float, prefix: Callable[[], list[int]] | None
+    ) -> Pick:
         model, kind = key
         epoch = self._router.epoch
+        # The prompt's prefix goes along: if the router turns out to route this model by
+        # prefix (cache_aware), this request is already placed by it.
         fut = asyncio.ensure_future(
-            self._router.route(model, kind=kind, want_lease=True, timeout_s=timeout_s)
+            self._router.route(
+                model,
+                kind=kind,
+                want_lease=True,
+                prefix_hashes=prefix() if prefix is not None else None,
+                timeout_s=timeout_s,
+            )
         )
         self._renewing[key] = fut
 
@@ -120,6 +148,8 @@ class RouteTable:
             if f.cancelled() or f.exception() is not None:
                 return
             resp = f.result()
+            if resp.wants_prefix:
+                self._by_prefix.add(model)
             if resp.lease_ms and resp.candidates and resp.address:
                 self._leases[key] = _Lease(resp, epoch, self.inflight)
 

@@ -172,12 +172,13 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             address=proxy.address if proxy else "",
             model=decision.model.to_proto(with_proxies=False),
         )
+        response.wants_prefix = decision.policy == "cache_aware"
         if (
             proxy is not None
+            and not response.wants_prefix
             and request.want_lease
             and self.lease_ms
             and not request.session_id
-            and not request.prefix_hashes
         ):
             self._grant_lease(response, decision.model.name, request.kind, decision.policy)
         self.metrics.route_latency.observe(time.perf_counter() - start)

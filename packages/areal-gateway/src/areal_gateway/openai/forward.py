@@ -28,6 +28,7 @@ from areal_gateway.auth import Principal
 from areal_gateway.clients import ProxyClient, ProxyUnreachable
 from areal_gateway.openai.errors import bad_request, error_body
 from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frame
+from areal_gateway.prefix import prefix_hashes
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.router.v1 import router_pb2
@@ -287,6 +288,7 @@ class GenerationResponse(Response):
                 self.model,
                 session_id=self.principal.session_id,
                 timeout_s=min(self.remaining(), 10.0),
+                prefix=lambda: prefix_hashes(self.doc),
             )
             if route.model.kind == router_pb2.MODEL_KIND_EXTERNAL:
                 await self._external(send, route.model)

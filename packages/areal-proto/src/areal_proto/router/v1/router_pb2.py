@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61real/router/v1/router.proto\x12\x0f\x61real.router.v1\"\xf1\x02\n\tProxyInfo\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12,\n\x06health\x18\x05 \x01(\x0e\x32\x1c.areal.router.v1.ProxyHealth\x12\x19\n\x11inflight_requests\x18\x06 \x01(\x03\x12\x17\n\x0finflight_tokens\x18\x07 \x01(\x03\x12\x10\n\x08sessions\x18\x08 \x01(\x03\x12\x19\n\x11last_seen_unix_ms\x18\t \x01(\x03\x12\x12\n\nlast_error\x18\n \x01(\t\x12\x36\n\x06labels\x18\x0b \x03(\x0b\x32&.areal.router.v1.ProxyInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x14RegisterProxyRequest\x12)\n\x05proxy\x18\x01 \x01(\x0b\x32\x1a.areal.router.v1.ProxyInfo\"\x17\n\x15RegisterProxyResponse\"*\n\x16\x44\x65registerProxyRequest\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\"*\n\x17\x44\x65registerProxyResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.areal.router.v1.ModelKind\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x04 \x01(\t\x12\x16\n\x0eupstream_model\x18\x05 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x06 \x01(\x03\x12\x11\n\tproxy_ids\x18\x07 \x03(\t\"A\n\x14RegisterModelRequest\x12)\n\x05model\x18\x01 \x01(\x0b\x32\x1a.areal.router.v1.ModelInfo\"\x17\n\x15RegisterModelResponse\"&\n\x16\x44\x65registerModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x17\x44\x65registerModelResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x11\n\tproxy_ids\x18\x02 \x03(\t\"\x96\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\rprefix_hashes\x18\x03 \x03(\x04\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nwant_lease\x18\x06 \x01(\x08\"A\n\x0eRouteCandidate\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04load\x18\x03 \x01(\r\"\xba\x01\n\rRouteResponse\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12)\n\x05model\x18\x03 \x01(\x0b\x32\x1a.areal.router.v1.ModelInfo\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x33\n\ncandidates\x18\x05 \x03(\x0b\x32\x1f.areal.router.v1.RouteCandidate\x12\x14\n\x0clease_policy\x18\x06 \x01(\t\"t\n\x12\x42indSessionRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12\x10\n\x08proxy_id\x18\x04 \x01(\t\"8\n\x13\x42indSessionResponse\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\",\n\x15ReleaseSessionRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"M\n\x12ListProxiesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\"B\n\x13ListProxiesResponse\x12+\n\x07proxies\x18\x01 \x03(\x0b\x32\x1a.areal.router.v1.ProxyInfo\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.areal.router.v1.ModelInfo*W\n\tProxyKind\x12\x1a\n\x16PROXY_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14PROXY_KIND_INFERENCE\x10\x01\x12\x14\n\x10PROXY_KIND_AGENT\x10\x02*|\n\x0bProxyHealth\x12\x1c\n\x18PROXY_HEALTH_UNSPECIFIED\x10\x00\x12\x18\n\x14PROXY_HEALTH_HEALTHY\x10\x01\x12\x1a\n\x16PROXY_HEALTH_UNHEALTHY\x10\x02\x12\x19\n\x15PROXY_HEALTH_DRAINING\x10\x03*Y\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_INTERNAL\x10\x01\x12\x17\n\x13MODEL_KIND_EXTERNAL\x10\x02\x32\xd1\x06\n\rRouterService\x12^\n\rRegisterProxy\x12%.areal.router.v1.RegisterProxyRequest\x1a&.areal.router.v1.RegisterProxyResponse\x12\x64\n\x0f\x44\x65registerProxy\x12\'.areal.router.v1.DeregisterProxyRequest\x1a(.areal.router.v1.DeregisterProxyResponse\x12^\n\rRegisterModel\x12%.areal.router.v1.RegisterModelRequest\x1a&.areal.router.v1.RegisterModelResponse\x12\x64\n\x0f\x44\x65registerModel\x12\'.areal.router.v1.DeregisterModelRequest\x1a(.areal.router.v1.DeregisterModelResponse\x12\x46\n\x05Route\x12\x1d.areal.router.v1.RouteRequest\x1a\x1e.areal.router.v1.RouteResponse\x12X\n\x0b\x42indSession\x12#.areal.router.v1.BindSessionRequest\x1a$.areal.router.v1.BindSessionResponse\x12\x61\n\x0eReleaseSession\x12&.areal.router.v1.ReleaseSessionRequest\x1a\'.areal.router.v1.ReleaseSessionResponse\x12X\n\x0bListProxies\x12#.areal.router.v1.ListProxiesRequest\x1a$.areal.router.v1.ListProxiesResponse\x12U\n\nListModels\x12\".areal.router.v1.ListModelsRequest\x1a#.areal.router.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61real/router/v1/router.proto\x12\x0f\x61real.router.v1\"\xf1\x02\n\tProxyInfo\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12,\n\x06health\x18\x05 \x01(\x0e\x32\x1c.areal.router.v1.ProxyHealth\x12\x19\n\x11inflight_requests\x18\x06 \x01(\x03\x12\x17\n\x0finflight_tokens\x18\x07 \x01(\x03\x12\x10\n\x08sessions\x18\x08 \x01(\x03\x12\x19\n\x11last_seen_unix_ms\x18\t \x01(\x03\x12\x12\n\nlast_error\x18\n \x01(\t\x12\x36\n\x06labels\x18\x0b \x03(\x0b\x32&.areal.router.v1.ProxyInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x14RegisterProxyRequest\x12)\n\x05proxy\x18\x01 \x01(\x0b\x32\x1a.areal.router.v1.ProxyInfo\"\x17\n\x15RegisterProxyResponse\"*\n\x16\x44\x65registerProxyRequest\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\"*\n\x17\x44\x65registerProxyResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.areal.router.v1.ModelKind\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x04 \x01(\t\x12\x16\n\x0eupstream_model\x18\x05 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x06 \x01(\x03\x12\x11\n\tproxy_ids\x18\x07 \x03(\t\"A\n\x14RegisterModelRequest\x12)\n\x05model\x18\x01 \x01(\x0b\x32\x1a.areal.router.v1.ModelInfo\"\x17\n\x15RegisterModelResponse\"&\n\x16\x44\x65registerModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x17\x44\x65registerModelResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x11\n\tproxy_ids\x18\x02 \x03(\t\"\x96\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\rprefix_hashes\x18\x03 \x03(\x04\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nwant_lease\x18\x06 \x01(\x08\"A\n\x0eRouteCandidate\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04load\x18\x03 \x01(\r\"\xd0\x01\n\rRouteResponse\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12)\n\x05model\x18\x03 \x01(\x0b\x32\x1a.areal.router.v1.ModelInfo\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x12\x33\n\ncandidates\x18\x05 \x03(\x0b\x32\x1f.areal.router.v1.RouteCandidate\x12\x14\n\x0clease_policy\x18\x06 \x01(\t\x12\x14\n\x0cwants_prefix\x18\x07 \x01(\x08\"t\n\x12\x42indSessionRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\x12\x10\n\x08proxy_id\x18\x04 \x01(\t\"8\n\x13\x42indSessionResponse\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\",\n\x15ReleaseSessionRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"M\n\x12ListProxiesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.areal.router.v1.ProxyKind\"B\n\x13ListProxiesResponse\x12+\n\x07proxies\x18\x01 \x03(\x0b\x32\x1a.areal.router.v1.ProxyInfo\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.areal.router.v1.ModelInfo*W\n\tProxyKind\x12\x1a\n\x16PROXY_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14PROXY_KIND_INFERENCE\x10\x01\x12\x14\n\x10PROXY_KIND_AGENT\x10\x02*|\n\x0bProxyHealth\x12\x1c\n\x18PROXY_HEALTH_UNSPECIFIED\x10\x00\x12\x18\n\x14PROXY_HEALTH_HEALTHY\x10\x01\x12\x1a\n\x16PROXY_HEALTH_UNHEALTHY\x10\x02\x12\x19\n\x15PROXY_HEALTH_DRAINING\x10\x03*Y\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_INTERNAL\x10\x01\x12\x17\n\x13MODEL_KIND_EXTERNAL\x10\x02\x32\xd1\x06\n\rRouterService\x12^\n\rRegisterProxy\x12%.areal.router.v1.RegisterProxyRequest\x1a&.areal.router.v1.RegisterProxyResponse\x12\x64\n\x0f\x44\x65registerProxy\x12\'.areal.router.v1.DeregisterProxyRequest\x1a(.areal.router.v1.DeregisterProxyResponse\x12^\n\rRegisterModel\x12%.areal.router.v1.RegisterModelRequest\x1a&.areal.router.v1.RegisterModelResponse\x12\x64\n\x0f\x44\x65registerModel\x12\'.areal.router.v1.DeregisterModelRequest\x1a(.areal.router.v1.DeregisterModelResponse\x12\x46\n\x05Route\x12\x1d.areal.router.v1.RouteRequest\x1a\x1e.areal.router.v1.RouteResponse\x12X\n\x0b\x42indSession\x12#.areal.router.v1.BindSessionRequest\x1a$.areal.router.v1.BindSessionResponse\x12\x61\n\x0eReleaseSession\x12&.areal.router.v1.ReleaseSessionRequest\x1a\'.areal.router.v1.ReleaseSessionResponse\x12X\n\x0bListProxies\x12#.areal.router.v1.ListProxiesRequest\x1a$.areal.router.v1.ListProxiesResponse\x12U\n\nListModels\x12\".areal.router.v1.ListModelsRequest\x1a#.areal.router.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROXYINFO_LABELSENTRY']._loaded_options = None
   _globals['_PROXYINFO_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_PROXYKIND']._serialized_start=1877
-  _globals['_PROXYKIND']._serialized_end=1964
-  _globals['_PROXYHEALTH']._serialized_start=1966
-  _globals['_PROXYHEALTH']._serialized_end=2090
-  _globals['_MODELKIND']._serialized_start=2092
-  _globals['_MODELKIND']._serialized_end=2181
+  _globals['_PROXYKIND']._serialized_start=1899
+  _globals['_PROXYKIND']._serialized_end=1986
+  _globals['_PROXYHEALTH']._serialized_start=1988
+  _globals['_PROXYHEALTH']._serialized_end=2112
+  _globals['_MODELKIND']._serialized_start=2114
+  _globals['_MODELKIND']._serialized_end=2203
   _globals['_PROXYINFO']._serialized_start=50
   _globals['_PROXYINFO']._serialized_end=419
   _globals['_PROXYINFO_LABELSENTRY']._serialized_start=374
@@ -66,23 +66,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTECANDIDATE']._serialized_start=1121
   _globals['_ROUTECANDIDATE']._serialized_end=1186
   _globals['_ROUTERESPONSE']._serialized_start=1189
-  _globals['_ROUTERESPONSE']._serialized_end=1375
-  _globals['_BINDSESSIONREQUEST']._serialized_start=1377
-  _globals['_BINDSESSIONREQUEST']._serialized_end=1493
-  _globals['_BINDSESSIONRESPONSE']._serialized_start=1495
-  _globals['_BINDSESSIONRESPONSE']._serialized_end=1551
-  _globals['_RELEASESESSIONREQUEST']._serialized_start=1553
-  _globals['_RELEASESESSIONREQUEST']._serialized_end=1597
-  _globals['_RELEASESESSIONRESPONSE']._serialized_start=1599
-  _globals['_RELEASESESSIONRESPONSE']._serialized_end=1641
-  _globals['_LISTPROXIESREQUEST']._serialized_start=1643
-  _globals['_LISTPROXIESREQUEST']._serialized_end=1720
-  _globals['_LISTPROXIESRESPONSE']._serialized_start=1722
-  _globals['_LISTPROXIESRESPONSE']._serialized_end=1788
-  _globals['_LISTMODELSREQUEST']._serialized_start=1790
-  _globals['_LISTMODELSREQUEST']._serialized_end=1809
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1811
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1875
-  _globals['_ROUTERSERVICE']._serialized_start=2184
-  _globals['_ROUTERSERVICE']._serialized_end=3033
+  _globals['_ROUTERESPONSE']._serialized_end=1397
+  _globals['_BINDSESSIONREQUEST']._serialized_start=1399
+  _globals['_BINDSESSIONREQUEST']._serialized_end=1515
+  _globals['_BINDSESSIONRESPONSE']._serialized_start=1517
+  _globals['_BINDSESSIONRESPONSE']._serialized_end=1573
+  _globals['_RELEASESESSIONREQUEST']._serialized_start=1575
+  _globals['_RELEASESESSIONREQUEST']._serialized_end=1619
+  _globals['_RELEASESESSIONRESPONSE']._serialized_start=1621
+  _globals['_RELEASESESSIONRESPONSE']._serialized_end=1663
+  _globals['_LISTPROXIESREQUEST']._serialized_start=1665
+  _globals['_LISTPROXIESREQUEST']._serialized_end=1742
+  _globals['_LISTPROXIESRESPONSE']._serialized_start=1744
+  _globals['_LISTPROXIESRESPONSE']._serialized_end=1810
+  _globals['_LISTMODELSREQUEST']._serialized_start=1812
+  _globals['_LISTMODELSREQUEST']._serialized_end=1831
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1833
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1897
+  _globals['_ROUTERSERVICE']._serialized_start=2206
+  _globals['_ROUTERSERVICE']._serialized_end=3055
 # @@protoc_insertion_point(module_scope)

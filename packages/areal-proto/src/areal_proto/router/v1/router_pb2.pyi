@@ -421,6 +421,7 @@ class RouteResponse(_message.Message):
     LEASE_MS_FIELD_NUMBER: _builtins.int
     CANDIDATES_FIELD_NUMBER: _builtins.int
     LEASE_POLICY_FIELD_NUMBER: _builtins.int
+    WANTS_PREFIX_FIELD_NUMBER: _builtins.int
     proxy_id: _builtins.str
     address: _builtins.str
     lease_ms: _builtins.int
@@ -432,6 +433,10 @@ class RouteResponse(_message.Message):
     """
     lease_policy: _builtins.str
     """"round_robin" (rotate) or "least_loaded" (fewest in flight; ties rotate)."""
+    wants_prefix: _builtins.bool
+    """The model's policy uses prompt prefixes (cache_aware): callers should send
+    RouteRequest.prefix_hashes, and get no lease.
+    """
     @_builtins.property
     def model(self) -> Global___ModelInfo: ...
     @_builtins.property
@@ -445,10 +450,11 @@ class RouteResponse(_message.Message):
         lease_ms: _builtins.int = ...,
         candidates: _abc.Iterable[Global___RouteCandidate] | None = ...,
         lease_policy: _builtins.str = ...,
+        wants_prefix: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "candidates", b"candidates", "lease_ms", b"lease_ms", "lease_policy", b"lease_policy", "model", b"model", "proxy_id", b"proxy_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "candidates", b"candidates", "lease_ms", b"lease_ms", "lease_policy", b"lease_policy", "model", b"model", "proxy_id", b"proxy_id", "wants_prefix", b"wants_prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
