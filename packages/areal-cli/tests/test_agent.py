@@ -323,7 +323,7 @@ def test_run_ps_status_logs_stop(agent):
 
     r = agent("stop", "--service", "default")
     assert r.returncode == 0, r.stderr
-    assert "6 components" in r.stdout
+    assert "7 components" in r.stdout
     assert not agent.wait_gone(5)
     assert agent.state() is None and not secrets.exists()
 
