@@ -12,13 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from testpaths import PARROT, RANDOM, ROOT  # noqa: F401 - re-exported for older imports
 
 from areal_cli import engines, supervisor
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
-PARROT = MODELS / "tiny-parrot"
-RANDOM = MODELS / "tiny-random"
 ENGINE_START_TIMEOUT = float(os.environ.get("AREAL_TEST_ENGINE_TIMEOUT", "240"))
 
 

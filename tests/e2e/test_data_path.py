@@ -17,8 +17,8 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import PARROT
 from stack import ADMIN_KEY, start_stack, wait_healthy, workers
+from testpaths import PARROT
 from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.engine

@@ -14,8 +14,8 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import PARROT, RANDOM
 from stack import ADMIN_KEY, launch, proxy_argv, start_stack, wait_healthy, workers
+from testpaths import PARROT, RANDOM
 from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.engine

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PARROT
 from stack import ADMIN_KEY, start_stack
+from testpaths import PARROT
 
 from areal_gateway.client import ArealClient, ArealError
 

@@ -118,7 +118,7 @@ async def test_pause_aborts_in_flight_and_continue_resumes(client):
 
 
 async def test_update_weights_from_disk_swaps_behaviour(client, sglang_engine):
-    from conftest import PARROT, RANDOM
+    from testpaths import PARROT, RANDOM
 
     ids = [100, 200, 300]
     req = GenerationRequest(ids, max_new_tokens=5, temperature=0)

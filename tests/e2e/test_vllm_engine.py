@@ -176,7 +176,7 @@ async def test_pause_aborts_in_flight_and_resume_continues(client):
 
 
 async def test_update_weights_from_disk_swaps_behaviour_and_seed_reproduces(client):
-    from conftest import PARROT, RANDOM
+    from testpaths import PARROT, RANDOM
 
     ids = [100, 200, 300]
     req = GenerationRequest(ids, max_new_tokens=5, temperature=0)
