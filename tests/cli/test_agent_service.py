@@ -157,7 +157,7 @@ def test_guide_walkthrough(areal):
     assert p.returncode == 0
     r = areal("agent", "logs", "--service", "default", "--component", "worker-7")
     assert r.code == 1
-    assert "available: gateway, proxy-0, router, worker-0" in r.err
+    assert "available: gateway, proxy-0, router, watchdog, worker-0" in r.err
 
     # The state file holds no secret
     state = (areal.home / "agent" / "services" / "default.json").read_text()
