@@ -102,7 +102,7 @@ def test_logs_of_every_component(svc):
         assert r.code == 0 and r.out.strip(), comp
     r = a("inf", "logs", "--service", "default", "--component", "qwen-local-worker-9")
     assert r.code == 1
-    assert "available: gateway, qwen-local-data-proxy-0, qwen-local-worker-0, router" in r.err
+    assert "available: gateway, qwen-local-data-proxy-0, qwen-local-worker-0, router, watchdog" in r.err
 
 
 def test_logs_follow(svc):
@@ -125,7 +125,7 @@ def test_deregister_then_register(svc):
     r = a("inf", "deregister", "--service", "default", "--model-name", MODEL)
     assert r.code == 0, r.err
     assert a("inf", "models", "--service", "default", "--json").json()["models"] == []
-    assert a.wait_status("running")["components"] == 2
+    assert a.wait_status("running")["components"] == 3  # router, gateway, watchdog
     r = a(
         "inf", "register",
         "--service", "default",
