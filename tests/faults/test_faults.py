@@ -52,6 +52,8 @@ def _fault_table():
     return mod
 
 
+# Six fault rows with real engines restarting on 2 cores: minutes, not the suite's 300 s.
+@pytest.mark.timeout(1800)
 def test_fault_table(tmp_path, capsys):
     out = tmp_path / "faults.json"
     code = _fault_table().main(["--requests", "200", "--row-timeout", "150", "--json", str(out)])
