@@ -102,7 +102,10 @@ def test_logs_of_every_component(svc):
         assert r.code == 0 and r.out.strip(), comp
     r = a("inf", "logs", "--service", "default", "--component", "qwen-local-worker-9")
     assert r.code == 1
-    assert "available: gateway, qwen-local-data-proxy-0, qwen-local-worker-0, router, watchdog" in r.err
+    assert (
+        "available: gateway, qwen-local-data-proxy-0, qwen-local-worker-0, router, watchdog"
+        in r.err
+    )
 
 
 def test_logs_follow(svc):
