@@ -159,7 +159,16 @@ def test_individual_rows_and_discount(concat_stack):
         )
 
 
-def test_groups_live_on_one_proxy_and_spread(concat_stack):
+def test_groups_live_on_one_proxy_and_spread(sglang_engine, tmp_path):
+    # A stack of its own: two groups spread only over proxies that start equally loaded.
+    concat_stack = start_stack(tmp_path / "rl-groups", sglang_engine.url, PARROT)
+    try:
+        _groups_spread(concat_stack)
+    finally:
+        concat_stack.stop()
+
+
+def _groups_spread(concat_stack):
     before = {w["proxy_id"]: int(w.get("sessions", 0)) for w in workers(concat_stack)}
     g1, g2 = start_group(concat_stack, 4), start_group(concat_stack, 4)
     time.sleep(1.5)  # the router polls the proxies' session counts
