@@ -19,6 +19,7 @@ from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proto.service.auth import call_metadata
+from areal_proto.service.batching import take_batch
 from areal_proto.service.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,25 @@ def _proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceE
             code="upstream_error",
         )
     return from_rpc_error(exc, target=f"proxy {address}")
+
+
+_CHAT = proxy_pb2.GENERATE_KIND_CHAT
+_COMPLETION = proxy_pb2.GENERATE_KIND_COMPLETION
+
+# The gateway waits this much past a request's deadline for the proxy's own 504, which
+# says more than a transport timeout.
+_DEADLINE_GRACE_S = 0.05
+
+
+def _deadline(timeout_s: float | None) -> float:
+    now = asyncio.get_running_loop().time()
+    return now + (timeout_s if timeout_s is not None else 3600.0) + _DEADLINE_GRACE_S
+
+
+def _timeout(address: str) -> ServiceError:
+    return ServiceError(
+        504, f"proxy {address} did not answer before the deadline", code="upstream_timeout"
+    )
 
 
 def _channel(address: str) -> grpc.aio.Channel:
@@ -186,14 +206,281 @@ class RouterClient:
         await self._channel.close(grace)
 
 
+class _Waiter:
+    """The results of one request on a `GenerateStream`, as they arrive."""
+
+    __slots__ = ("error", "future", "results", "started")
+
+    def __init__(self) -> None:
+        self.results: list[proxy_pb2.GenerateResult] = []
+        self.error: ServiceError | None = None  # the stream ended under this request
+        self.started = False
+        self.future: asyncio.Future[None] | None = None
+
+    def push(self, result: proxy_pb2.GenerateResult) -> None:
+        self.results.append(result)
+        self.started = True
+        self._wake()
+
+    def fail(self, error: ServiceError) -> None:
+        self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(None)
+
+    async def take(self, deadline: float) -> list[proxy_pb2.GenerateResult]:
+        """Every result that has arrived (at least one), waiting until loop time `deadline`."""
+        if not self.results and self.error is None:
+            loop = asyncio.get_running_loop()
+            future = self.future = loop.create_future()
+            timer = loop.call_at(deadline, _expire, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self.future = None
+        results, self.results = self.results, []
+        if not results and self.error is not None:
+            raise self.error
+        return results
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class GenerateStream:
+    """One open `Generate` call to a proxy, shared by every generation request sent there.
+
+    Requests go out as frames and results come back as frames; one writer sends every frame
+    that is ready as one message, one reader hands each result to its request. When the call
+    ends, each request still waiting fails: one the proxy never read (the call ended cleanly,
+    e.g. the proxy is shutting down) as `ProxyUnreachable`, so it may go elsewhere; one that
+    may have run as a 502.
+    """
+
+    def __init__(self, call: Any, address: str) -> None:
+        self.address = address
+        self._call = call
+        self._next_id = 0
+        self._waiters: dict[int, _Waiter] = {}
+        self._out: list[proxy_pb2.GenerateFrame] = []
+        self._wake = asyncio.Event()
+        self.alive = True
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self._reader = asyncio.ensure_future(self._read_loop())
+
+    def submit(self, kind: int, request: envelope_pb2.OpenAIRequest) -> tuple[int, _Waiter]:
+        if not self.alive:
+            raise ProxyUnreachable(self.address, "its stream has closed")
+        self._next_id += 1
+        rid = self._next_id
+        waiter = self._waiters[rid] = _Waiter()
+        self._send(proxy_pb2.GenerateFrame(id=rid, kind=kind, request=request))  # type: ignore[arg-type]
+        return rid, waiter
+
+    def cancel(self, rid: int) -> None:
+        """The request's client went away: the proxy stops it (and aborts its engine request)."""
+        if self._waiters.pop(rid, None) is not None and self.alive:
+            self._send(proxy_pb2.GenerateFrame(id=rid, cancel=True))
+
+    def _send(self, frame: proxy_pb2.GenerateFrame) -> None:
+        self._out.append(frame)
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._out:
+                    frames, self._out = take_batch(self._out, _frame_size)
+                    await self._call.write(proxy_pb2.GenerateFrames(frames=frames))
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            # The reader sees the call's end too and fails the waiting requests.
+            log.debug("stream to %s: write failed: %r", self.address, exc)
+
+    async def _read_loop(self) -> None:
+        error: ServiceError | None = None
+        try:
+            while True:
+                message = await self._call.read()
+                if message is grpc.aio.EOF:
+                    break
+                for result in message.results:
+                    waiter = self._waiters.get(result.id)
+                    if waiter is None:
+                        continue  # cancelled by us
+                    if result.done:
+                        del self._waiters[result.id]
+                    waiter.push(result)
+        except grpc.RpcError as exc:
+            error = _proxy_error(exc, self.address, started=True)
+        except asyncio.CancelledError:
+            error = ServiceError(503, "the gateway is shutting down", code="shutting_down")
+        finally:
+            self._end(error)
+
+    def _end(self, error: ServiceError | None) -> None:
+        self.alive = False
+        self._writer.cancel()
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            if error is None and not waiter.started:
+                waiter.fail(ProxyUnreachable(self.address, "it closed the stream unread"))
+            else:
+                waiter.fail(
+                    error
+                    or ServiceError(
+                        502,
+                        f"proxy {self.address} closed the stream mid-request",
+                        type="api_error",
+                        code="upstream_error",
+                    )
+                )
+        if error is not None:
+            log.warning("stream to proxy %s ended: %s", self.address, error.message)
+
+    async def close(self) -> None:
+        self._call.cancel()
+        for task in (self._reader, self._writer):
+            task.cancel()
+        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
+
+
+def _frame_size(frame: proxy_pb2.GenerateFrame) -> int:
+    return len(frame.request.body)
+
+
+class _Legacy(Exception):
+    """The proxy has no `Generate` (an older proxy): use one call per request."""
+
+
 class ProxyClient:
-    """The OpenAI calls of one data proxy, on one reused channel."""
+    """The OpenAI calls of one data proxy, on one reused channel.
+
+    Generation goes over one `GenerateStream`, opened on first use and again after it ends;
+    a proxy without `Generate` gets one gRPC call per request instead.
+    """
 
     def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
         self.address = address
         self._channel = channel
         self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
         self._md = tuple(md)
+        self._mux: GenerateStream | None = None
+        self._opening: asyncio.Future[GenerateStream] | None = None
+        self._legacy = False
+
+    # -- the multiplexed stream --
+
+    async def _open(self) -> GenerateStream:
+        call = self._stub.Generate(metadata=self._md)
+        try:
+            # The proxy answers with its initial metadata as soon as the stream is open.
+            await call.initial_metadata()
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call.done():
+            code = await call.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                self._legacy = True
+                raise _Legacy()
+            if code == grpc.StatusCode.OK:
+                raise ProxyUnreachable(self.address, "it is closing its streams")
+            exc = grpc.aio.AioRpcError(
+                code,
+                grpc.aio.Metadata(),
+                await call.trailing_metadata() or grpc.aio.Metadata(),
+                await call.details(),
+            )
+            raise _proxy_error(exc, self.address, started=False)
+        stream = self._mux = GenerateStream(call, self.address)
+        return stream
+
+    async def _stream(self, deadline: float) -> GenerateStream:
+        stream = self._mux
+        if stream is not None and stream.alive:
+            return stream
+        opening = self._opening
+        if opening is None or opening.done():
+            opening = self._opening = asyncio.ensure_future(self._open())
+        # Shared by every request that arrives while it opens; each waits as long as it may.
+        timeout = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(opening), max(timeout, 0))
+        except TimeoutError:
+            raise _timeout(self.address) from None
+
+    async def _whole(
+        self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> bytes:
+        if self._legacy:
+            return await self._unary(method, request, timeout_s)
+        deadline = _deadline(timeout_s)
+        try:
+            stream = await self._stream(deadline)
+        except _Legacy:
+            return await self._unary(method, request, timeout_s)
+        rid, waiter = stream.submit(kind, request)
+        done = False
+        try:
+            try:
+                results = await waiter.take(deadline)
+            except TimeoutError:
+                raise _timeout(self.address) from None
+            done = True
+            result = results[0]
+            if result.HasField("error"):
+                raise ServiceError.from_detail(result.error)
+            return bytes(result.data)
+        finally:
+            if not done:
+                stream.cancel(rid)
+
+    async def _chunks(
+        self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+    ) -> AsyncIterator[list[bytes]]:
+        if self._legacy:
+            async for part in self._call_stream(method, request, timeout_s):
+                yield part
+            return
+        deadline = _deadline(timeout_s)
+        try:
+            stream = await self._stream(deadline)
+        except _Legacy:
+            async for part in self._call_stream(method, request, timeout_s):
+                yield part
+            return
+        rid, waiter = stream.submit(kind, request)
+        done = False
+        try:
+            while not done:
+                try:
+                    results = await waiter.take(deadline)
+                except TimeoutError:
+                    raise _timeout(self.address) from None
+                batch: list[bytes] = []
+                for result in results:
+                    if result.HasField("error"):
+                        done = True
+                        if batch:
+                            yield batch
+                        raise ServiceError.from_detail(result.error)
+                    if result.data:
+                        batch.append(bytes(result.data))
+                    done = done or result.done
+                if batch:
+                    yield batch
+        finally:
+            if not done:
+                stream.cancel(rid)
+
+    # -- one gRPC call per request (a proxy without Generate) --
 
     async def _unary(
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
@@ -208,9 +495,9 @@ class ProxyClient:
             raise
         return bytes(resp.body)
 
-    async def _stream(
+    async def _call_stream(
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[list[bytes]]:
         call = method(request, timeout=timeout_s, metadata=self._md)
         started = False
         try:
@@ -222,31 +509,38 @@ class ProxyClient:
                 if msg is grpc.aio.EOF:
                     return
                 started = True
-                yield bytes(msg.data)
+                yield [bytes(msg.data)]
         finally:
             # Client gone, consumer stopped, or an error: the proxy must see the cancellation.
             if not call.done():
                 call.cancel()
 
+    # -- generation: whole bodies, or streams as batches of chunks that arrived together --
+
     async def chat_completion(
         self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> bytes:
-        return await self._unary(self._stub.ChatCompletion, request, timeout_s)
+        return await self._whole(_CHAT, self._stub.ChatCompletion, request, timeout_s)
 
     async def completion(
         self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> bytes:
-        return await self._unary(self._stub.Completion, request, timeout_s)
+        return await self._whole(_COMPLETION, self._stub.Completion, request, timeout_s)
 
     def chat_completion_stream(
         self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
-    ) -> AsyncIterator[bytes]:
-        return self._stream(self._stub.ChatCompletionStream, request, timeout_s)
+    ) -> AsyncIterator[list[bytes]]:
+        return self._chunks(_CHAT, self._stub.ChatCompletionStream, request, timeout_s)
 
     def completion_stream(
         self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
-    ) -> AsyncIterator[bytes]:
-        return self._stream(self._stub.CompletionStream, request, timeout_s)
+    ) -> AsyncIterator[list[bytes]]:
+        return self._chunks(_COMPLETION, self._stub.CompletionStream, request, timeout_s)
+
+    async def close(self, grace: float | None = None) -> None:
+        if self._mux is not None:
+            await self._mux.close()
+        await self._channel.close(grace)
 
     # -- RL sessions and generation control (unary, never generation: safe to fail fast) --
 
@@ -318,7 +612,7 @@ class ProxyPool:
 
     async def close(self, grace: float | None = None) -> None:
         clients, self._clients = list(self._clients.values()), {}
-        await asyncio.gather(*(c._channel.close(grace) for c in clients), return_exceptions=True)
+        await asyncio.gather(*(c.close(grace) for c in clients), return_exceptions=True)
 
 
 # --- agent mode ---------------------------------------------------------------------------------

@@ -95,6 +95,11 @@ class ProxyServer:
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
+                # The gateway's Generate stream stays open while idle or while a long
+                # generation sends nothing, and its keepalive pings (every 30 s) must not
+                # count as abuse (gRPC's default would end the stream after a few).
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+                ("grpc.http2.max_ping_strikes", 0),
             ],
         )
         add_to_server(self.servicer, self.server)
@@ -174,7 +179,9 @@ class ProxyServer:
                 "%d request(s) still running after the drain timeout: cancelled",
                 self.servicer.active,
             )
-        # 3. Stop the server; calls still running are cancelled (their engine requests aborted).
+        # 3. Multiplexed streams end (they would otherwise hold the server's grace period);
+        #    then stop the server: calls still running are cancelled (engine requests aborted).
+        self.servicer.close_streams()
         await self.server.stop(grace=1.0)
         # 4. Background work: the health poller, engine aborts still on their way.
         for task in (self._health_task, self._expiry_task):

@@ -22,6 +22,7 @@ from areal_proxy.engine.base import EngineError
 from areal_proxy.generation import GenerationController, GenerationRecord
 from areal_proxy.inference import InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
 
@@ -83,6 +84,8 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._streams: set[GenerateStream] = set()
+        self._streams_closed = False
         self._rpc_children: dict[tuple[str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}
         controller.on_finish = self._on_generation_finished
@@ -143,17 +146,51 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     def active(self) -> int:
         return self._active
 
-    def _deadline(self, request: envelope_pb2.OpenAIRequest, context: Any) -> float:
+    def _deadline(self, request: envelope_pb2.OpenAIRequest, remaining: float | None) -> float:
+        """Loop time by which the request must be done: the proxy's own timeout, the gRPC
+        call's (`remaining`, None when it has none) and the envelope's, whichever is first."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         deadline = now + self.request_timeout
-        remaining = context.time_remaining()
         if remaining is not None:
             deadline = min(deadline, now + remaining - _DEADLINE_MARGIN_S)
         env_ms = request.envelope.deadline_unix_ms if request.HasField("envelope") else 0
         if env_ms:
             deadline = min(deadline, now + (env_ms / 1000.0 - time.time()))
         return deadline
+
+    async def run_generation(
+        self,
+        rpc: str,
+        request: envelope_pb2.OpenAIRequest,
+        remaining: float | None,
+        work: Callable[[], Awaitable[None]],
+    ) -> ServiceError | None:
+        """Run one generation request's `work` with the proxy's bookkeeping (draining, in-flight
+        count, deadline, metrics, error mapping); the error to give the caller, if any.
+        Cancellation (the caller went away) propagates."""
+        started = time.perf_counter()
+        try:
+            self._enter()
+        except ServiceError as e:
+            self._count(rpc, str(e.http_status))
+            return e
+        err: ServiceError
+        try:
+            try:
+                async with asyncio.timeout_at(self._deadline(request, remaining)):
+                    await work()
+                self._count(rpc, "200")
+                return None
+            except asyncio.CancelledError:
+                self._count(rpc, "499")
+                raise
+            except Exception as e:
+                err = self._error(e)
+        finally:
+            self._exit(rpc, started)
+        self._fail(rpc, request, err)
+        return err
 
     async def _unary(
         self,
@@ -162,29 +199,16 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         context: Any,
         fn: Callable[[bytes, Any], Awaitable[tuple[bytes, GenerationRecord]]],
     ) -> envelope_pb2.OpenAIResponse:
-        started = time.perf_counter()
-        try:
-            self._enter()
-        except ServiceError as e:
-            self._count(rpc, str(e.http_status))
-            await abort(context, e)
-        err: ServiceError
-        try:
-            try:
-                async with asyncio.timeout_at(self._deadline(request, context)):
-                    body, _ = await fn(request.body, request.envelope)
-                self._count(rpc, "200")
-                return envelope_pb2.OpenAIResponse(body=body)
-            except asyncio.CancelledError:
-                self._count(rpc, "499")
-                raise
-            except Exception as e:
-                err = self._error(e)
-        finally:
-            self._exit(rpc, started)
-        self._fail(rpc, request, err)
-        await abort(context, err)
-        raise AssertionError("unreachable")  # pragma: no cover
+        out: list[bytes] = []
+
+        async def work() -> None:
+            body, _ = await fn(request.body, request.envelope)
+            out.append(body)
+
+        err = await self.run_generation(rpc, request, context.time_remaining(), work)
+        if err is not None:
+            await abort(context, err)
+        return envelope_pb2.OpenAIResponse(body=out[0])
 
     async def _stream(
         self,
@@ -193,30 +217,14 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         context: Any,
         gen: Callable[[bytes, Any], AsyncGenerator[bytes, None]],
     ) -> None:
-        started = time.perf_counter()
-        try:
-            self._enter()
-        except ServiceError as e:
-            self._count(rpc, str(e.http_status))
-            await abort(context, e)
-        err: ServiceError
-        try:
-            try:
-                async with asyncio.timeout_at(self._deadline(request, context)):
-                    async with aclosing(gen(request.body, request.envelope)) as chunks:
-                        async for data in chunks:
-                            await context.write(envelope_pb2.StreamChunk(data=data))
-                self._count(rpc, "200")
-                return
-            except asyncio.CancelledError:
-                self._count(rpc, "499")
-                raise
-            except Exception as e:
-                err = self._error(e)
-        finally:
-            self._exit(rpc, started)
-        self._fail(rpc, request, err)
-        await abort(context, err)
+        async def work() -> None:
+            async with aclosing(gen(request.body, request.envelope)) as chunks:
+                async for data in chunks:
+                    await context.write(envelope_pb2.StreamChunk(data=data))
+
+        err = await self.run_generation(rpc, request, context.time_remaining(), work)
+        if err is not None:
+            await abort(context, err)
 
     def _fail(self, rpc: str, request: envelope_pb2.OpenAIRequest, err: ServiceError) -> None:
         self._count(rpc, str(err.http_status))
@@ -247,6 +255,23 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
 
     async def CompletionStream(self, request: Any, context: Any) -> None:  # type: ignore[override]
         await self._stream("CompletionStream", request, context, self.handler.completion_stream)
+
+    async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
+        stream = GenerateStream(self, context)
+        self._streams.add(stream)
+        if self._streams_closed:
+            stream.close()
+        try:
+            await stream.run(request_iterator)
+        finally:
+            self._streams.discard(stream)
+
+    def close_streams(self) -> None:
+        """Shutdown: every `Generate` stream stops reading and ends once its requests are done
+        (a caller resends what it wrote after that point elsewhere: it was never read)."""
+        self._streams_closed = True
+        for stream in list(self._streams):
+            stream.close()
 
     # ---- control -----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from areal_gateway.auth import Principal
 from areal_gateway.clients import ProxyClient, ProxyUnreachable
 from areal_gateway.openai.errors import bad_request, error_body
-from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frame
+from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frames
 from areal_gateway.prefix import prefix_hashes
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
@@ -47,7 +47,10 @@ class Endpoint:
     label: str  # metrics label: "chat" or "completions"
     external_path: str  # path under an external model's base_url
     unary: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None], Any]
-    stream: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None], AsyncIterator[bytes]]
+    # Batches of stream chunks: the chunks in one batch arrived together.
+    stream: Callable[
+        [ProxyClient, envelope_pb2.OpenAIRequest, float | None], AsyncIterator[list[bytes]]
+    ]
 
 
 # --- reading and parsing -------------------------------------------------------------------
@@ -329,12 +332,12 @@ class GenerationResponse(Response):
             finally:
                 routes.release(route.address)
 
-    async def _stream_from(self, send: Send, chunks: AsyncIterator[bytes]) -> None:
+    async def _stream_from(self, send: Send, batches: AsyncIterator[list[bytes]]) -> None:
         metrics = self.gw.metrics
         counter = metrics.chunks_of(self.endpoint.label)
         try:
             try:
-                first = await chunks.__anext__()
+                first = await batches.__anext__()
             except StopAsyncIteration:
                 await self._start_stream(send)
                 await send({"type": "http.response.body", "body": DONE})
@@ -342,21 +345,22 @@ class GenerationResponse(Response):
             # Errors before this point are plain HTTP errors with their status.
             metrics.first_chunk.labels(self.endpoint.label).observe(time.monotonic() - self.start)
             await self._start_stream(send)
-            await send({"type": "http.response.body", "body": frame(first), "more_body": True})
-            counter.inc()
+            # Chunks that arrived together leave in one write; none waits for another.
+            await send({"type": "http.response.body", "body": frames(first), "more_body": True})
+            counter.inc(len(first))
             try:
-                async for data in chunks:
+                async for batch in batches:
                     await send(
-                        {"type": "http.response.body", "body": frame(data), "more_body": True}
+                        {"type": "http.response.body", "body": frames(batch), "more_body": True}
                     )
-                    counter.inc()
+                    counter.inc(len(batch))
             except ServiceError as err:
                 log.warning("request %s: stream failed: %s", self.request_id, err.message)
                 await self._send_error(send, err)
                 return
             await send({"type": "http.response.body", "body": DONE})
         finally:
-            aclose = getattr(chunks, "aclose", None)
+            aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 await aclose()
 

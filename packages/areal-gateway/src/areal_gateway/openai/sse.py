@@ -26,3 +26,10 @@ def frame(data: bytes) -> bytes:
 
 def error_frame(err: ServiceError) -> bytes:
     return frame(error_body(err))
+
+
+def frames(batch: list[bytes]) -> bytes:
+    """The events for chunks that arrived together, as one write."""
+    if len(batch) == 1:
+        return frame(batch[0])
+    return b"".join(frame(data) for data in batch)

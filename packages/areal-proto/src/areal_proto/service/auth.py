@@ -36,8 +36,15 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong internal token")
             yield  # pragma: no cover - makes this an async generator
 
+        async def deny_bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong internal token")
+            yield  # pragma: no cover - makes this an async generator
+
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+        # A denial must have the method's shape: a unary-request handler on a streaming
+        # method would wait for a request message the caller may never send.
+        self._deny_bidi = grpc.stream_stream_rpc_method_handler(deny_bidi)
 
     async def intercept_service(
         self,
@@ -53,6 +60,8 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
                     return await continuation(details)
                 break
         handler = await continuation(details)
+        if handler is not None and handler.request_streaming:
+            return self._deny_bidi
         if handler is not None and handler.response_streaming:
             return self._deny_stream
         return self._deny_unary

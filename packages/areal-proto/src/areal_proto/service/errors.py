@@ -95,6 +95,16 @@ class ServiceError(Exception):
             param=self.param or "",
         )
 
+    @classmethod
+    def from_detail(cls, d: envelope_pb2.ErrorDetail) -> ServiceError:
+        return cls(
+            d.http_status,
+            d.message,
+            type=d.type or None,
+            code=d.code or None,
+            param=d.param or None,
+        )
+
     def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
         return ((ERROR_METADATA_KEY, self.detail().SerializeToString()),)
 
@@ -116,13 +126,7 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "upstream") -> ServiceEr
             d = envelope_pb2.ErrorDetail.FromString(
                 value if isinstance(value, bytes) else value.encode()
             )
-            return ServiceError(
-                d.http_status,
-                d.message,
-                type=d.type or None,
-                code=d.code or None,
-                param=d.param or None,
-            )
+            return ServiceError.from_detail(d)
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     status = _TO_HTTP.get(code, 502)

@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -20,6 +21,23 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _GenerateKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GenerateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GenerateKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GENERATE_KIND_UNSPECIFIED: _GenerateKind.ValueType  # 0
+    GENERATE_KIND_CHAT: _GenerateKind.ValueType  # 1
+    GENERATE_KIND_COMPLETION: _GenerateKind.ValueType  # 2
+
+class GenerateKind(_GenerateKind, metaclass=_GenerateKindEnumTypeWrapper): ...
+
+GENERATE_KIND_UNSPECIFIED: GenerateKind.ValueType  # 0
+GENERATE_KIND_CHAT: GenerateKind.ValueType  # 1
+GENERATE_KIND_COMPLETION: GenerateKind.ValueType  # 2
+Global___GenerateKind: _TypeAlias = GenerateKind  # noqa: Y015
 
 @_typing.final
 class SessionCredentials(_message.Message):
@@ -602,3 +620,115 @@ class GetAgentHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetAgentHistoryResponse: _TypeAlias = GetAgentHistoryResponse  # noqa: Y015
+
+@_typing.final
+class GenerateFrames(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateFrame]: ...
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___GenerateFrame] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateFrames: _TypeAlias = GenerateFrames  # noqa: Y015
+
+@_typing.final
+class GenerateFrame(_message.Message):
+    """One frame from the caller: a new request, or the cancellation of one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the caller; unique among the requests open on this stream."""
+    kind: Global___GenerateKind.ValueType
+    cancel: _builtins.bool
+    """The caller gave up on request `id` (its client went away): stop it and
+    abort its engine request. Nothing more is sent for that id.
+    """
+    @_builtins.property
+    def request(self) -> _envelope_pb2.OpenAIRequest:
+        """The request; envelope.stream says whole or streamed. Absent on a cancel."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        kind: Global___GenerateKind.ValueType = ...,
+        request: _envelope_pb2.OpenAIRequest | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "kind", b"kind", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateFrame: _TypeAlias = GenerateFrame  # noqa: Y015
+
+@_typing.final
+class GenerateResults(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___GenerateResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateResults: _TypeAlias = GenerateResults  # noqa: Y015
+
+@_typing.final
+class GenerateResult(_message.Message):
+    """One frame from the proxy for request `id`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    data: _builtins.bytes
+    """The whole response body (whole request), or one stream chunk's JSON."""
+    done: _builtins.bool
+    """The last frame for this request; the id is free after it."""
+    @_builtins.property
+    def error(self) -> _envelope_pb2.ErrorDetail:
+        """Set with done when the request failed: the OpenAI error and its status."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        done: _builtins.bool = ...,
+        error: _envelope_pb2.ErrorDetail | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "done", b"done", "error", b"error", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateResult: _TypeAlias = GenerateResult  # noqa: Y015

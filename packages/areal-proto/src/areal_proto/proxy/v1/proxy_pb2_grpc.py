@@ -55,6 +55,11 @@ class ProxyServiceStub:
                 request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
                 response_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
                 _registered_method=True)
+        self.Generate = channel.stream_stream(
+                '/areal.proxy.v1.ProxyService/Generate',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
+                _registered_method=True)
         self.StartSessions = channel.unary_unary(
                 '/areal.proxy.v1.ProxyService/StartSessions',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsRequest.SerializeToString,
@@ -147,6 +152,19 @@ class ProxyServiceServicer:
 
     def CompletionStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Generate(self, request_iterator, context):
+        """The same four, multiplexed: many requests, whole or streamed, over one
+        long-lived stream (the gateway keeps one per proxy). Per request the
+        semantics are those of the RPCs above; a message carries every frame that
+        is ready, so a busy connection pays one message for many requests or
+        chunks instead of a gRPC call each (docs/services.md, "Multiplexed
+        generation"). The proxy sends its initial metadata as soon as the stream
+        is open, so a caller knows the stream reached it before sending work.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -255,6 +273,11 @@ def add_ProxyServiceServicer_to_server(servicer, server):
                     servicer.CompletionStream,
                     request_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.FromString,
                     response_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.SerializeToString,
+            ),
+            'Generate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.SerializeToString,
             ),
             'StartSessions': grpc.unary_unary_rpc_method_handler(
                     servicer.StartSessions,
@@ -430,6 +453,33 @@ class ProxyService:
             '/areal.proxy.v1.ProxyService/CompletionStream',
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
             areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/areal.proxy.v1.ProxyService/Generate',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,15 @@ class ProxyServiceStub:
     ChatCompletionStream: _grpc.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]
     Completion: _grpc.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]
     CompletionStream: _grpc.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]
+    Generate: _grpc.StreamStreamMultiCallable[_proxy_pb2.GenerateFrames, _proxy_pb2.GenerateResults]
+    """The same four, multiplexed: many requests, whole or streamed, over one
+    long-lived stream (the gateway keeps one per proxy). Per request the
+    semantics are those of the RPCs above; a message carries every frame that
+    is ready, so a busy connection pays one message for many requests or
+    chunks instead of a gRPC call each (docs/services.md, "Multiplexed
+    generation"). The proxy sends its initial metadata as soon as the stream
+    is open, so a caller knows the stream reached it before sending work.
+    """
     StartSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]
     """RL sessions, rewards and trajectories."""
     EndSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]
@@ -69,6 +78,15 @@ class ProxyServiceAsyncStub(ProxyServiceStub):
     ChatCompletionStream: _aio.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]  # type: ignore[assignment]
     Completion: _aio.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]  # type: ignore[assignment]
     CompletionStream: _aio.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]  # type: ignore[assignment]
+    Generate: _aio.StreamStreamMultiCallable[_proxy_pb2.GenerateFrames, _proxy_pb2.GenerateResults]  # type: ignore[assignment]
+    """The same four, multiplexed: many requests, whole or streamed, over one
+    long-lived stream (the gateway keeps one per proxy). Per request the
+    semantics are those of the RPCs above; a message carries every frame that
+    is ready, so a busy connection pays one message for many requests or
+    chunks instead of a gRPC call each (docs/services.md, "Multiplexed
+    generation"). The proxy sends its initial metadata as soon as the stream
+    is open, so a caller knows the stream reached it before sending work.
+    """
     StartSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]  # type: ignore[assignment]
     """RL sessions, rewards and trajectories."""
     EndSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]  # type: ignore[assignment]
@@ -118,6 +136,21 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _envelope_pb2.OpenAIRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_envelope_pb2.StreamChunk], _abc.AsyncIterator[_envelope_pb2.StreamChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def Generate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_proxy_pb2.GenerateFrames],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.GenerateResults], _abc.AsyncIterator[_proxy_pb2.GenerateResults]]:
+        """The same four, multiplexed: many requests, whole or streamed, over one
+        long-lived stream (the gateway keeps one per proxy). Per request the
+        semantics are those of the RPCs above; a message carries every frame that
+        is ready, so a busy connection pays one message for many requests or
+        chunks instead of a gRPC call each (docs/services.md, "Multiplexed
+        generation"). The proxy sends its initial metadata as soon as the stream
+        is open, so a caller knows the stream reached it before sending work.
+        """
 
     @_abc_1.abstractmethod
     def StartSessions(

@@ -1,0 +1,167 @@
+"""The gateway's end of the multiplexed `Generate` stream against proxies that misbehave.
+
+The real proxy's end is tested in areal-proxy (test_proxy_multiplex.py) and end to end in
+tests/e2e; here the proxy is a scripted servicer so each way a stream can end is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from areal_gateway.clients import ProxyPool, ProxyUnreachable
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proto.service.errors import ServiceError
+
+
+def _request(stream: bool = False) -> envelope_pb2.OpenAIRequest:
+    return envelope_pb2.OpenAIRequest(
+        envelope=envelope_pb2.Envelope(request_id="r", model="m", stream=stream), body=b"{}"
+    )
+
+
+class Scripted(proxy_pb2_grpc.ProxyServiceServicer):
+    """Answers each Generate request per `mode`; counts the streams opened."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.streams = 0
+        self.cancelled: list[int] = []
+        self.unary_calls = 0
+
+    async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
+        self.streams += 1
+        await context.send_initial_metadata(())
+        async for msg in request_iterator:
+            for f in msg.frames:
+                if f.cancel:
+                    self.cancelled.append(f.id)
+                    continue
+                if self.mode == "close":  # read, never answer, end cleanly
+                    return
+                if self.mode == "die":  # one chunk, then the transport fails
+                    await context.write(
+                        proxy_pb2.GenerateResults(
+                            results=[proxy_pb2.GenerateResult(id=f.id, data=b'{"n":1}')]
+                        )
+                    )
+                    await asyncio.sleep(0.05)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "proxy died")
+                if self.mode == "ok":
+                    done = proxy_pb2.GenerateResult(id=f.id, done=True)
+                    chunks = [
+                        proxy_pb2.GenerateResult(id=f.id, data=b'{"n":%d}' % i) for i in (1, 2)
+                    ]
+                    if f.request.envelope.stream:
+                        await context.write(proxy_pb2.GenerateResults(results=[*chunks, done]))
+                    else:
+                        done.data = b'{"whole":true}'
+                        await context.write(proxy_pb2.GenerateResults(results=[done]))
+                # "hang": never answer
+
+
+class Legacy(proxy_pb2_grpc.ProxyServiceServicer):
+    """An older proxy: the per-call RPCs only."""
+
+    def __init__(self) -> None:
+        self.unary_calls = 0
+
+    async def ChatCompletion(self, request: Any, context: Any) -> Any:
+        self.unary_calls += 1
+        return envelope_pb2.OpenAIResponse(body=b'{"legacy":true}')
+
+
+async def _serve(servicer: Any) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    proxy_pb2_grpc.add_ProxyServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def pool():
+    p = ProxyPool("")
+    yield p
+    await p.close()
+
+
+async def test_many_requests_share_one_stream(pool: ProxyPool):
+    fake = Scripted("ok")
+    server, address = await _serve(fake)
+    try:
+        client = pool.get(address)
+        bodies = await asyncio.gather(*(client.chat_completion(_request(), 5) for _ in range(20)))
+        assert bodies == [b'{"whole":true}'] * 20
+        batches = [b async for b in client.chat_completion_stream(_request(True), 5)]
+        assert [c for b in batches for c in b] == [b'{"n":1}', b'{"n":2}']
+        assert fake.streams == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_unread_request_is_unreachable_so_it_may_go_elsewhere(pool: ProxyPool):
+    server, address = await _serve(Scripted("close"))
+    try:
+        with pytest.raises(ProxyUnreachable):
+            await pool.get(address).chat_completion(_request(), 5)
+    finally:
+        await server.stop(0)
+
+
+async def test_stream_dying_mid_request_is_a_502_after_what_arrived(pool: ProxyPool):
+    server, address = await _serve(Scripted("die"))
+    try:
+        got: list[bytes] = []
+        with pytest.raises(ServiceError) as ei:
+            async for batch in pool.get(address).chat_completion_stream(_request(True), 5):
+                got += batch
+        assert got == [b'{"n":1}']
+        assert ei.value.http_status == 502 and not isinstance(ei.value, ProxyUnreachable)
+    finally:
+        await server.stop(0)
+
+
+async def test_deadline_and_disconnect_cancel_on_the_proxy(pool: ProxyPool):
+    fake = Scripted("hang")
+    server, address = await _serve(fake)
+    try:
+        client = pool.get(address)
+        with pytest.raises(ServiceError) as ei:
+            await client.chat_completion(_request(), 0.2)
+        assert ei.value.http_status == 504
+        task = asyncio.ensure_future(client.chat_completion(_request(), 5))
+        await asyncio.sleep(0.2)
+        task.cancel()  # the HTTP client went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if len(fake.cancelled) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert fake.cancelled == [1, 2] and fake.streams == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_proxy_without_generate_gets_one_call_per_request(pool: ProxyPool):
+    fake = Legacy()
+    server, address = await _serve(fake)
+    try:
+        client = pool.get(address)
+        for _ in range(3):
+            assert await client.chat_completion(_request(), 5) == b'{"legacy":true}'
+        assert fake.unary_calls == 3
+    finally:
+        await server.stop(0)
+
+
+async def test_nothing_listening_is_unreachable(pool: ProxyPool):
+    server, address = await _serve(Scripted("ok"))
+    await server.stop(0)
+    with pytest.raises(ProxyUnreachable):
+        await pool.get(address).chat_completion(_request(), 5)

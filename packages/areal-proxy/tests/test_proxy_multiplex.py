@@ -1,0 +1,204 @@
+"""`Generate`: many requests over one stream, with the semantics of the per-call RPCs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from proxy_fakes import EOS, FakeEngineClient, request, start, wait_for
+
+from areal_proto.proxy.v1 import proxy_pb2
+from areal_proxy.engine.base import EngineError
+
+MSG = [{"role": "user", "content": "hi"}]
+SEQ = [*range(40, 60), EOS]
+CHAT = proxy_pb2.GENERATE_KIND_CHAT
+COMPLETION = proxy_pb2.GENERATE_KIND_COMPLETION
+
+
+def frame(rid: int, kind: int, body: dict[str, Any], *, stream: bool = False, **kw: Any) -> Any:
+    req = request(body, **kw)
+    req.envelope.stream = stream
+    return proxy_pb2.GenerateFrame(id=rid, kind=kind, request=req)  # type: ignore[arg-type]
+
+
+class Mux:
+    """The caller's end of one Generate stream, collecting results per request id."""
+
+    def __init__(self, stub: Any, metadata: Any = ()) -> None:
+        self.call = stub.Generate(metadata=metadata)
+        self.results: dict[int, list[Any]] = {}
+        self.messages = 0
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.call:
+            self.messages += 1
+            for r in msg.results:
+                self.results.setdefault(r.id, []).append(r)
+
+    async def send(self, *frames: Any) -> None:
+        await self.call.write(proxy_pb2.GenerateFrames(frames=frames))
+
+    def done(self, rid: int) -> bool:
+        return any(r.done for r in self.results.get(rid, []))
+
+    async def wait(self, *rids: int, within: float = 5.0) -> None:
+        await wait_for(lambda: all(self.done(r) for r in rids), within)
+
+    def chunks(self, rid: int) -> list[dict[str, Any]]:
+        return [orjson.loads(r.data) for r in self.results[rid] if r.data]
+
+
+async def test_many_requests_on_one_stream_match_the_per_call_rpcs():
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        body = {"messages": MSG, "logprobs": True}
+        whole = await h.chat(body)
+        streamed = await h.chat_stream(body)
+        completion = await h.completion({"prompt": [5, 6, 7], "max_tokens": 8})
+        mux = Mux(h.stub)
+        await mux.call.initial_metadata()  # sent as soon as the stream is open
+        frames = []
+        for i in range(0, 30, 3):
+            frames += [
+                frame(i + 1, CHAT, body),
+                frame(i + 2, CHAT, body, stream=True),
+                frame(i + 3, COMPLETION, {"prompt": [5, 6, 7], "max_tokens": 8}),
+            ]
+        await mux.send(*frames)
+        await mux.wait(*range(1, 31))
+        for i in range(0, 30, 3):
+            (one,) = mux.results[i + 1]
+            got = orjson.loads(one.data)
+            assert got["choices"] == whole["choices"] and got["usage"] == whole["usage"]
+            chunks = mux.chunks(i + 2)
+            assert [c["choices"] for c in chunks] == [c["choices"] for c in streamed]
+            assert mux.results[i + 2][-1].done and not mux.results[i + 2][-1].data
+            (one,) = mux.results[i + 3]
+            assert orjson.loads(one.data)["choices"] == completion["choices"]
+        # 30 requests, ~10 stream chunks each for a third of them: frames were batched.
+        total = sum(len(v) for v in mux.results.values())
+        assert mux.messages < total
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_errors_are_frames_and_the_stream_keeps_serving():
+    engine = FakeEngineClient([5, EOS], fail=EngineError("engine down", status=503))
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        await mux.send(
+            frame(1, CHAT, {"messages": "not a list"}),
+            frame(2, CHAT, {"messages": MSG}),
+            frame(3, proxy_pb2.GENERATE_KIND_UNSPECIFIED, {"messages": MSG}),
+        )
+        await mux.wait(1, 2, 3)
+        assert mux.results[1][-1].error.http_status == 400
+        assert mux.results[2][-1].error.http_status == 503
+        assert mux.results[2][-1].error.code == "engine_unavailable"
+        assert mux.results[3][-1].error.http_status == 400
+        engine.fail = None
+        await mux.send(frame(4, CHAT, {"messages": MSG}))
+        await mux.wait(4)
+        assert orjson.loads(mux.results[4][0].data)["choices"][0]["finish_reason"] == "stop"
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_cancel_frame_aborts_only_that_request():
+    engine = FakeEngineClient(SEQ * 10, delay=0.02)
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        await mux.send(
+            frame(1, CHAT, {"messages": MSG}, stream=True),
+            frame(2, CHAT, {"messages": MSG, "max_tokens": 5}, stream=True),
+        )
+        await wait_for(lambda: len(mux.results.get(1, [])) >= 3)
+        await mux.send(proxy_pb2.GenerateFrame(id=1, cancel=True))
+        await wait_for(lambda: engine.aborted)
+        await mux.wait(2)
+        assert not mux.done(1)  # nothing more is sent for a cancelled id
+        assert engine.aborted == [engine.requests[0].rid]
+        assert mux.chunks(2)[-1]["choices"][0]["finish_reason"] == "length"
+        await wait_for(lambda: h.server.servicer.active == 0)
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_caller_gone_aborts_every_request_on_the_stream():
+    engine = FakeEngineClient(SEQ * 10, delay=0.02)
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        await mux.send(*(frame(i, CHAT, {"messages": MSG}, stream=True) for i in (1, 2)))
+        await wait_for(lambda: len(engine.requests) == 2 and engine.tokens_sent >= 4)
+        mux.call.cancel()
+        await wait_for(lambda: len(engine.aborted) == 2)
+        await wait_for(lambda: h.server.servicer.active == 0)
+    finally:
+        await h.close()
+
+
+async def test_envelope_deadline_is_kept():
+    engine = FakeEngineClient(SEQ * 10, delay=0.05)
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        soon = int((time.time() + 0.3) * 1000)
+        await mux.send(frame(1, CHAT, {"messages": MSG}, deadline_ms=soon))
+        await mux.wait(1)
+        assert mux.results[1][-1].error.http_status == 504
+        assert engine.aborted
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_drain_ends_streams_after_their_requests():
+    engine = FakeEngineClient(SEQ, delay=0.02)
+    h = await start(engine)
+    mux = Mux(h.stub)
+    await mux.send(frame(1, CHAT, {"messages": MSG}, stream=True))
+    await wait_for(lambda: engine.tokens_sent >= 2)
+    t0 = time.monotonic()
+    shutdown = asyncio.create_task(h.server.shutdown())
+    await wait_for(lambda: h.server.state.draining)
+    await mux.send(frame(2, CHAT, {"messages": MSG}))
+    # The running request finishes; the new one is refused as the per-call RPCs refuse it.
+    await mux.wait(1, 2)
+    assert mux.chunks(1)[-1]["choices"][0]["finish_reason"] == "stop"
+    assert mux.results[2][-1].error.code == "draining"
+    # The stream then ends cleanly, without holding the server's stop grace period.
+    await asyncio.wait_for(mux.reader, 5)
+    assert await mux.call.code() == grpc.StatusCode.OK
+    await asyncio.wait_for(shutdown, 5)
+    assert time.monotonic() - t0 < 1.5
+    await h.channel.close()
+
+
+async def test_generate_needs_the_internal_token(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("AREAL_INTERNAL_TOKEN", "s3cret-token-value")
+    h = await start(FakeEngineClient([5, EOS]))
+    try:
+        call = h.stub.Generate()
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await asyncio.wait_for(call.read(), 5)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        mux = Mux(h.stub, metadata=(("x-areal-internal-token", "s3cret-token-value"),))
+        await mux.send(frame(1, CHAT, {"messages": MSG}))
+        await mux.wait(1)
+        assert orjson.loads(mux.results[1][0].data)["choices"][0]["finish_reason"] == "stop"
+        mux.call.cancel()
+    finally:
+        await h.close()
