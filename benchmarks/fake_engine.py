@@ -4,6 +4,9 @@
 
 It answers `GET /health` and `POST /generate` (SGLang's native shape, stream
 and not) instantly: every output token is the last prompt token, logprob 0.
+Streams are written in one go unless paced: `--token-interval-ms N` (or
+`POST /fake_config {"token_interval_ms": N}` at run time) sends one token every
+N ms, as a real engine decoding one token per step does.
 It never stands in for a real engine in a test of a feature; benchmarks name
 it as "zero-cost fake engine" in their output.
 """
@@ -28,6 +31,7 @@ except ImportError:  # pragma: no cover
 
 class _Engine(asyncio.Protocol):
     tokens = 16
+    interval_s = 0.0
 
     def connection_made(self, transport):
         self.t = transport
@@ -68,6 +72,9 @@ class _Engine(asyncio.Protocol):
     def handle(self, method, path, body):
         if path == "/health" or path == "/health_generate":
             return self.reply(b"200 OK", b"{}")
+        if path == "/fake_config":
+            _Engine.interval_s = float(json.loads(body).get("token_interval_ms", 0)) / 1000
+            return self.reply(b"200 OK", b'{"status":"ok"}')
         if path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache"):
             return self.reply(b"200 OK", b'{"status":"ok"}')
         if path != "/generate":
@@ -93,6 +100,7 @@ class _Engine(asyncio.Protocol):
         self.t.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
         )
+        events = []
         for i in range(1, n + 1):
             ev = {
                 "output_ids": [tok],
@@ -105,9 +113,25 @@ class _Engine(asyncio.Protocol):
                     "output_token_logprobs": [[0.0, tok, None]],
                 },
             }
-            self._chunk(b"data: " + dumps(ev) + b"\n\n")
-        self._chunk(b"data: [DONE]\n\n")
-        self.t.write(b"0\r\n\r\n")
+            events.append(b"data: " + dumps(ev) + b"\n\n")
+        events.append(b"data: [DONE]\n\n")
+        if not self.interval_s:
+            for data in events:
+                self._chunk(data)
+            self.t.write(b"0\r\n\r\n")
+            return
+        loop = asyncio.get_running_loop()
+        # Token i leaves i steps after the first; [DONE] and the end go with the last one.
+        for i in range(n):
+            loop.call_later(self.interval_s * i, self._paced, events[i], i == n - 1)
+
+    def _paced(self, data, last):
+        if self.t.is_closing():
+            return
+        self._chunk(data)
+        if last:
+            self._chunk(b"data: [DONE]\n\n")
+            self.t.write(b"0\r\n\r\n")
 
     def _chunk(self, data):
         self.t.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -123,9 +147,11 @@ async def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--token-interval-ms", type=float, default=0.0)
     ap.add_argument("--ready-file", default="")
     args = ap.parse_args()
     _Engine.tokens = args.tokens
+    _Engine.interval_s = args.token_interval_ms / 1000
     server = await asyncio.get_running_loop().create_server(_Engine, args.host, args.port)
     port = server.sockets[0].getsockname()[1]
     if args.ready_file:

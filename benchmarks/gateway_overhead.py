@@ -6,13 +6,18 @@ The engine is the *zero-cost fake engine* (benchmarks/fake_engine.py): it
 answers instantly, so every millisecond measured through the gateway is
 areal's own. Client, gateway, router, proxy and engine share this machine's
 cores. Prints one table: engine direct vs through the gateway, same prompt
-ids, at concurrency 1 and 64, non-stream and stream, with ratios.
+ids, at concurrency 1 and 64, non-stream and stream, with ratios; then the CPU
+each areal process spent per request. The zero-cost engine writes a whole
+stream at once, which lets areal pass chunks that arrived together in one
+message; the `stream@Nms` rows pace its tokens N ms apart (one per decode
+step, as a real engine), where every chunk travels alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -23,6 +28,7 @@ import aiohttp
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
@@ -74,17 +80,47 @@ async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stre
         await asyncio.gather(*(one() for _ in range(n)))
         wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
-    out = {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "rps": len(lat) / wall, "errors": errors}
+    out = {
+        "p50": q[49] * 1e3,
+        "p99": q[98] * 1e3,
+        "rps": len(lat) / wall,
+        "errors": errors,
+        "n": n,
+    }
     if stream and ttft:
         out["ttft_p50"] = statistics.median(ttft) * 1e3
         out["gap_p50"] = statistics.median(gaps) * 1e3 if gaps else 0.0
     return out
 
 
+def _cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) the process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _pace(engine_url: str, interval_ms: float) -> None:
+    async def post() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(engine_url + "/fake_config", json={"token_interval_ms": interval_ms}) as r,
+        ):
+            r.raise_for_status()
+
+    asyncio.run(post())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument(
+        "--paced-ms",
+        type=float,
+        default=2.0,
+        help="token interval of the paced stream rows (0: leave them out)",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="areal-bench-"))
     engine = launch(
@@ -106,8 +142,17 @@ def main() -> int:
     try:
         direct = {"Content-Type": "application/json"}
         via = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
+        pids = {
+            "gateway": stack.gateway.popen.pid,
+            "proxy": stack.proxies[0].popen.pid,
+            "router": stack.router.popen.pid,
+        }
         rows = []
-        for stream in (False, True):
+        modes = [("non-stream", False, 0.0), ("stream", True, 0.0)]
+        if args.paced_ms > 0:
+            modes.append((f"stream@{args.paced_ms:g}ms", True, args.paced_ms))
+        for mode, stream, interval in modes:
+            _pace(engine_url, interval)
             eng_body = orjson.dumps(
                 {
                     "input_ids": PROMPT_IDS,
@@ -127,13 +172,18 @@ def main() -> int:
             )
             for conc in (1, 64):
                 n = args.requests if conc > 1 else args.requests // 2
+                if interval:  # paced requests take tokens x interval: keep the run short
+                    n = min(n, 500 if conc > 1 else 100)
                 e = asyncio.run(
                     run_load(engine_url + "/generate", eng_body, direct, n, conc, stream)
                 )
+                before = {k: _cpu(pid) for k, pid in pids.items()}
                 g = asyncio.run(
                     run_load(stack.gateway_url + "/v1/completions", gw_body, via, n, conc, stream)
                 )
-                rows.append((("stream" if stream else "non-stream"), conc, e, g))
+                g["cpu_ms"] = {k: (_cpu(pid) - before[k]) / g["n"] * 1e3 for k, pid in pids.items()}
+                rows.append((mode, conc, e, g))
+        _pace(engine_url, 0.0)
         print(
             f"\nareal gateway overhead vs zero-cost fake engine ({args.tokens} tokens/request, "
             f"{args.requests} requests at c=64, half at c=1; all processes on this machine)\n"
@@ -147,13 +197,21 @@ def main() -> int:
                 f"{g['p50']:>10.2f}ms {g['p99']:>6.2f} {g['rps']:>7.0f} | "
                 f"{g['p50'] - e['p50']:>8.2f}ms {g['p99'] - e['p99']:>8.2f}ms {g['rps'] / e['rps']:>9.2f}"
             )
-            if mode == "stream":
+            if mode.startswith("stream"):
                 print(
                     f"{'':<15} | ttft p50 {e.get('ttft_p50', 0):.2f} ms, chunk gap p50 {e.get('gap_p50', 0):.3f} ms"
                     f" | ttft p50 {g.get('ttft_p50', 0):.2f} ms, chunk gap p50 {g.get('gap_p50', 0):.3f} ms"
                 )
             if e["errors"] or g["errors"]:
                 print(f"{'':<15} errors: engine {e['errors']}, gateway {g['errors']}")
+        print("\nCPU per request through the gateway (ms, from /proc/<pid>/stat over each run)\n")
+        print(f"{'mode':<15}{'c':>4} | {'gateway':>8} {'proxy':>8} {'router':>8} {'areal':>8}")
+        for mode, conc, _e, g in rows:
+            c = g["cpu_ms"]
+            print(
+                f"{mode:<15}{conc:>4} | {c['gateway']:>8.3f} {c['proxy']:>8.3f} "
+                f"{c['router']:>8.3f} {sum(c.values()):>8.3f}"
+            )
     finally:
         stack.stop()
         supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
