@@ -188,6 +188,8 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
                     400, "max_tokens must be at least 1", code="invalid_value", param="max_tokens"
                 ),
             )
+        if self.proxy_id in doc_fake.get("draining_on", ()):
+            await abort(context, ServiceError(503, "fake proxy draining", code="draining"))
         if "error_status" in doc_fake:
             await abort(context, ServiceError(doc_fake["error_status"], "fake proxy error"))
         if doc_fake.get("crash"):

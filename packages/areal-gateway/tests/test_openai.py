@@ -239,6 +239,31 @@ def test_refused_connection_goes_to_another_replica(stack: Stack, http, admin_he
     assert retries and retries[0] >= 1
 
 
+def test_draining_replica_sends_requests_elsewhere_but_not_sessions(
+    stack: Stack, model: str, http, admin_headers
+) -> None:
+    # p0 refuses as a draining proxy does (before doing any work); p1 serves.
+    fake = {"draining_on": ["p0"]}
+    for stream in (False, True, False, True):
+        body = {"model": model, "messages": MESSAGES, "stream": stream, "fake": fake}
+        r = http.post("/v1/chat/completions", headers=admin_headers, json=body)
+        assert r.status_code == 200, r.text
+        assert stream or r.json()["choices"][0]["message"]["content"] == "hello from p1"
+    # A session's requests stay with its replica (its records live there): the 503 is passed on.
+    stack.gw.gateway.auth.add_session_key("sess-key-drain-abcdefghijk", "session-drain")
+    statuses = set()
+    for _ in range(4):
+        r = http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": "Bearer sess-key-drain-abcdefghijk"},
+            json={"model": model, "messages": MESSAGES, "fake": fake},
+        )
+        statuses.add(r.status_code)
+        if r.status_code == 503:
+            assert r.json()["error"]["code"] == "draining"
+    assert 503 in statuses
+
+
 def test_session_key_principal_reaches_proxy(stack: Stack, model: str, http) -> None:
     stack.gw.gateway.auth.add_session_key("sess-key-abcdefghijklmnop", "session-7")
     rid = "req-" + uuid.uuid4().hex

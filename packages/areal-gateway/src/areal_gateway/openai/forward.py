@@ -314,9 +314,15 @@ class GenerationResponse(Response):
                     body = await self.endpoint.unary(client, request, self.remaining())
                     await self._send_whole(send, 200, body)
                 return
-            except ProxyUnreachable as err:
-                # Nothing reached the proxy: the router decides again (no lease), and
-                # another replica may take it.
+            except ServiceError as err:
+                # Nothing ran there: the proxy was unreachable, closed its stream unread, or is
+                # draining (which a request outside a session, free to go anywhere, need not
+                # hear about). The router decides again (no lease); another replica may take it.
+                unread = isinstance(err, ProxyUnreachable) or (
+                    err.code == "draining" and not self.principal.session_id
+                )
+                if not unread:
+                    raise
                 routes.invalidate(self.model)
                 if retries >= MAX_ROUTE_RETRIES or self._headers_sent:
                     raise
