@@ -111,6 +111,14 @@ def _pace(engine_url: str, interval_ms: float) -> None:
     asyncio.run(post())
 
 
+def _row(mode: str, conc: int, e: dict, g: dict) -> str:
+    return (
+        f"{mode:<11}{conc:>4} | {e['p50']:>8.2f} {e['p99']:>7.2f} {e['rps']:>7.0f} | "
+        f"{g['p50']:>8.2f} {g['p99']:>7.2f} {g['rps']:>7.0f} | "
+        f"{g['p50'] - e['p50']:>8.2f} {g['p99'] - e['p99']:>8.2f} {g['rps'] / e['rps']:>6.2f}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
@@ -120,6 +128,11 @@ def main() -> int:
         type=float,
         default=2.0,
         help="token interval of the paced stream rows (0: leave them out)",
+    )
+    ap.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="leave out the second gateway that makes one gRPC call per request",
     )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="areal-bench-"))
@@ -139,15 +152,32 @@ def main() -> int:
         proxy_args=["--log-level", "warning"],
         router_args=["--log-level", "warning"],
     )
+    # The same router and proxy behind a second gateway that makes one gRPC call per request
+    # (--no-proxy-streams): the multiplexed stream's effect, measured in the same run.
+    gateways = {"streams": (stack.gateway_url, stack.gateway.popen.pid)}
+    calls = None
+    if not args.no_compare:
+        calls = launch(
+            "gateway-calls",
+            [
+                "areal-gateway",
+                "--port",
+                "0",
+                "--router-addr",
+                stack.router.address,
+                "--log-level",
+                "warning",
+                "--no-proxy-streams",
+            ],
+            tmp,
+            stack.env,
+        )
+        gateways["calls"] = (f"http://127.0.0.1:{calls.info['port']}", calls.popen.pid)
     try:
         direct = {"Content-Type": "application/json"}
         via = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
-        pids = {
-            "gateway": stack.gateway.popen.pid,
-            "proxy": stack.proxies[0].popen.pid,
-            "router": stack.router.popen.pid,
-        }
-        rows = []
+        others = {"proxy": stack.proxies[0].popen.pid, "router": stack.router.popen.pid}
+        rows: dict[str, list] = {name: [] for name in gateways}
         modes = [("non-stream", False, 0.0), ("stream", True, 0.0)]
         if args.paced_ms > 0:
             modes.append((f"stream@{args.paced_ms:g}ms", True, args.paced_ms))
@@ -177,42 +207,67 @@ def main() -> int:
                 e = asyncio.run(
                     run_load(engine_url + "/generate", eng_body, direct, n, conc, stream)
                 )
-                before = {k: _cpu(pid) for k, pid in pids.items()}
-                g = asyncio.run(
-                    run_load(stack.gateway_url + "/v1/completions", gw_body, via, n, conc, stream)
-                )
-                g["cpu_ms"] = {k: (_cpu(pid) - before[k]) / g["n"] * 1e3 for k, pid in pids.items()}
-                rows.append((mode, conc, e, g))
+                for name, (url, gw_pid) in gateways.items():
+                    pids = {"gateway": gw_pid, **others}
+                    before = {k: _cpu(pid) for k, pid in pids.items()}
+                    g = asyncio.run(
+                        run_load(url + "/v1/completions", gw_body, via, n, conc, stream)
+                    )
+                    g["cpu_ms"] = {
+                        k: (_cpu(pid) - before[k]) / g["n"] * 1e3 for k, pid in pids.items()
+                    }
+                    rows[name].append((mode, conc, e, g))
         _pace(engine_url, 0.0)
         print(
             f"\nareal gateway overhead vs zero-cost fake engine ({args.tokens} tokens/request, "
-            f"{args.requests} requests at c=64, half at c=1; all processes on this machine)\n"
+            f"{args.requests} requests at c=64, half at c=1; paced rows fewer; "
+            f"all processes on this machine; latencies in ms)"
         )
-        hdr = f"{'mode':<11}{'c':>4} | {'engine p50':>10} {'p99':>7} {'req/s':>7} | {'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'added p99':>9} {'rps ratio':>9}"
-        print(hdr)
-        print("-" * len(hdr))
-        for mode, conc, e, g in rows:
-            print(
-                f"{mode:<11}{conc:>4} | {e['p50']:>9.2f}ms {e['p99']:>6.2f} {e['rps']:>7.0f} | "
-                f"{g['p50']:>10.2f}ms {g['p99']:>6.2f} {g['rps']:>7.0f} | "
-                f"{g['p50'] - e['p50']:>8.2f}ms {g['p99'] - e['p99']:>8.2f}ms {g['rps'] / e['rps']:>9.2f}"
+        for name in gateways:
+            what = (
+                "one multiplexed Generate stream per proxy (the default)"
+                if name == "streams"
+                else "one gRPC call per request (--no-proxy-streams)"
             )
-            if mode.startswith("stream"):
-                print(
-                    f"{'':<15} | ttft p50 {e.get('ttft_p50', 0):.2f} ms, chunk gap p50 {e.get('gap_p50', 0):.3f} ms"
-                    f" | ttft p50 {g.get('ttft_p50', 0):.2f} ms, chunk gap p50 {g.get('gap_p50', 0):.3f} ms"
-                )
-            if e["errors"] or g["errors"]:
-                print(f"{'':<15} errors: engine {e['errors']}, gateway {g['errors']}")
+            print(f"\ngateway -> proxy: {what}\n")
+            hdr = (
+                f"{'mode':<11}{'c':>4} | {'engine':>8} {'p99':>7} {'req/s':>7} | "
+                f"{'gateway':>8} {'p99':>7} {'req/s':>7} | {'added':>8} {'added99':>8} {'ratio':>6}"
+            )
+            print(hdr)
+            print("-" * len(hdr))
+            for mode, conc, e, g in rows[name]:
+                print(_row(mode, conc, e, g))
+                if mode.startswith("stream"):
+                    print(
+                        f"{'':<15} | ttft p50 {e.get('ttft_p50', 0):.2f}, gap p50 "
+                        f"{e.get('gap_p50', 0):.3f} | ttft p50 {g.get('ttft_p50', 0):.2f}, "
+                        f"gap p50 {g.get('gap_p50', 0):.3f}"
+                    )
+                if e["errors"] or g["errors"]:
+                    print(f"{'':<15} errors: engine {e['errors']}, gateway {g['errors']}")
         print("\nCPU per request through the gateway (ms, from /proc/<pid>/stat over each run)\n")
-        print(f"{'mode':<15}{'c':>4} | {'gateway':>8} {'proxy':>8} {'router':>8} {'areal':>8}")
-        for mode, conc, _e, g in rows:
-            c = g["cpu_ms"]
-            print(
-                f"{mode:<15}{conc:>4} | {c['gateway']:>8.3f} {c['proxy']:>8.3f} "
-                f"{c['router']:>8.3f} {sum(c.values()):>8.3f}"
+        names = list(gateways)
+        print(
+            f"{'mode':<15}{'c':>4} | "
+            + " | ".join(
+                f"{n + ': gateway':>16} {'proxy':>6} {'router':>6} {'areal':>6}" for n in names
             )
+            + (" | areal ratio" if len(names) == 2 else "")
+        )
+        for i, (mode, conc, _e, _g) in enumerate(rows[names[0]]):
+            cells, totals = [], []
+            for n in names:
+                c = rows[n][i][3]["cpu_ms"]
+                totals.append(sum(c.values()))
+                cells.append(
+                    f"{c['gateway']:>16.3f} {c['proxy']:>6.3f} {c['router']:>6.3f} {totals[-1]:>6.3f}"
+                )
+            ratio = f" | {totals[0] / totals[1]:>11.2f}" if len(totals) == 2 and totals[1] else ""
+            print(f"{mode:<15}{conc:>4} | " + " | ".join(cells) + ratio)
     finally:
+        if calls is not None:
+            supervisor.terminate([[calls.comp]], grace=2, procs={calls.popen.pid: calls.popen})
         stack.stop()
         supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
     return 0

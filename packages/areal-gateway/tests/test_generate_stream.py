@@ -165,3 +165,16 @@ async def test_nothing_listening_is_unreachable(pool: ProxyPool):
     await server.stop(0)
     with pytest.raises(ProxyUnreachable):
         await pool.get(address).chat_completion(_request(), 5)
+
+
+async def test_streams_off_means_one_call_per_request():
+    fake = Scripted("ok")
+    server, address = await _serve(fake)
+    pool = ProxyPool("", streams=False)
+    try:
+        with pytest.raises(ServiceError):  # the scripted proxy has no per-call RPCs
+            await pool.get(address).chat_completion(_request(), 5)
+        assert fake.streams == 0
+    finally:
+        await pool.close()
+        await server.stop(0)

@@ -366,14 +366,22 @@ class ProxyClient:
     a proxy without `Generate` gets one gRPC call per request instead.
     """
 
-    def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
+    def __init__(
+        self,
+        address: str,
+        channel: grpc.aio.Channel,
+        md: Sequence[tuple[str, str]],
+        *,
+        streams: bool = True,
+    ):
         self.address = address
         self._channel = channel
         self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
         self._md = tuple(md)
         self._mux: GenerateStream | None = None
         self._opening: asyncio.Future[GenerateStream] | None = None
-        self._legacy = False
+        # One call per request: asked for (--no-proxy-streams), or the proxy has no Generate.
+        self._legacy = not streams
 
     # -- the multiplexed stream --
 
@@ -596,14 +604,15 @@ class ProxyClient:
 class ProxyPool:
     """One `ProxyClient` (one channel) per proxy address, made on first use and reused."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, streams: bool = True) -> None:
         self._md = call_metadata(token)
+        self._streams = streams
         self._clients: dict[str, ProxyClient] = {}
 
     def get(self, address: str) -> ProxyClient:
         client = self._clients.get(address)
         if client is None:
-            client = ProxyClient(address, _channel(address), self._md)
+            client = ProxyClient(address, _channel(address), self._md, streams=self._streams)
             self._clients[address] = client
         return client
 

@@ -80,7 +80,7 @@ class Gateway:
             return
         token = self.settings.internal_token
         self._router = RouterClient(self.settings.router_addr, token)
-        self._proxies = ProxyPool(token)
+        self._proxies = ProxyPool(token, streams=self.settings.proxy_streams)
         self._routes = RouteTable(self._router)
         self._catalog = ModelCatalog(self._router)
         self._external = ExternalForwarder()

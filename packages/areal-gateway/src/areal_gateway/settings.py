@@ -49,6 +49,13 @@ class Settings:
     drain_timeout: float = field(
         default=10.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"}
     )
+    proxy_streams: bool = field(
+        default=True,
+        metadata={
+            "help": "send generation requests to each proxy over one multiplexed Generate "
+            "stream; --no-proxy-streams: one gRPC call per request"
+        },
+    )
     # Secrets: environment only (see load_settings).
     admin_api_key: str = field(default="", repr=False, metadata={"secret": True})
     internal_token: str = field(default="", repr=False, metadata={"secret": True})
