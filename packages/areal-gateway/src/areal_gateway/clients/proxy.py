@@ -1,10 +1,5 @@
-"""The only module that touches gRPC stubs (docs/services.md, "Internal gRPC calls").
-
-`RouterClient` wraps the router; `ProxyPool` hands out one `ProxyClient` per proxy address,
-each on one channel that every request to that address reuses. Every call carries the
-internal token as metadata (computed once, not per call). Failed calls surface as
-`ServiceError` (or its subclass `ProxyUnreachable`), never as `grpc.RpcError`.
-"""
+"""A data proxy's inference RPCs: generation over one multiplexed `Generate` stream
+(docs/services.md, "Multiplexed generation"), RL sessions, rewards, export and control."""
 
 from __future__ import annotations
 
@@ -15,78 +10,19 @@ from typing import Any
 
 import grpc
 
+from areal_gateway.clients.common import (
+    ROUTER_TIMEOUT,
+    ProxyUnreachable,
+    open_channel,
+    proxy_error,
+)
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proto.service.auth import call_metadata
 from areal_proto.service.batching import take_batch
-from areal_proto.service.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
+from areal_proto.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
-
-# Seconds for router calls (routing, registry): these are cheap and never generate.
-ROUTER_TIMEOUT = 10.0
-
-# A restarted replica at the same address must be reachable again quickly: gRPC's default
-# reconnect back-off grows to 120 s.
-CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-
-# What grpc reports when it could not open a connection to the target at all.
-_CONNECT_FAILURE_MARKERS = (
-    "failed to connect",
-    "connection refused",
-    "connect failed",
-    "dns resolution failed",
-)
-
-
-class ProxyUnreachable(ServiceError):
-    """The proxy could not be reached: the call never started there, so it may go elsewhere."""
-
-    def __init__(self, address: str, detail: str) -> None:
-        super().__init__(503, f"proxy {address} is unreachable: {detail}", code="proxy_unreachable")
-        self.address = address
-
-
-def _has_detail(exc: grpc.RpcError) -> bool:
-    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    return any(key == ERROR_METADATA_KEY for key, _ in trailing or ())
-
-
-def _is_connect_failure(exc: grpc.RpcError) -> bool:
-    if not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
-    details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
-    return any(marker in details for marker in _CONNECT_FAILURE_MARKERS)
-
-
-def _proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceError:
-    """Map a failed proxy call: its own OpenAI error passes through; a transport failure is a
-    bad gateway (502), except that a refused connection before anything arrived is
-    `ProxyUnreachable` (retryable on another replica)."""
-    if _has_detail(exc):
-        return from_rpc_error(exc, target="proxy")
-    if not started and _is_connect_failure(exc):
-        return ProxyUnreachable(address, exc.details() or "connection failed")
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return ServiceError(
-            502,
-            f"proxy {address} failed: {exc.details() or 'unavailable'}",
-            type="api_error",
-            code="upstream_error",
-        )
-    return from_rpc_error(exc, target=f"proxy {address}")
-
 
 _CHAT = proxy_pb2.GENERATE_KIND_CHAT
 _COMPLETION = proxy_pb2.GENERATE_KIND_COMPLETION
@@ -105,105 +41,6 @@ def _timeout(address: str) -> ServiceError:
     return ServiceError(
         504, f"proxy {address} did not answer before the deadline", code="upstream_timeout"
     )
-
-
-def _channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-
-
-class RouterClient:
-    """Plain async methods over the router's gRPC API."""
-
-    def __init__(self, address: str, token: str) -> None:
-        self.address = address
-        self._channel = _channel(address)
-        self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
-        self._md = call_metadata(token)
-        # Bumped by every registry change made through this client: route leases granted
-        # before it are void (routing.RouteTable).
-        self.epoch = 0
-
-    async def _call(self, method: Any, request: Any, timeout_s: float = ROUTER_TIMEOUT) -> Any:
-        try:
-            return await method(request, timeout=timeout_s, metadata=self._md)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, target="router") from None
-
-    async def _change(self, method: Any, request: Any) -> Any:
-        """A registry change: leases granted before it ends, or while it runs, are void."""
-        self.epoch += 1
-        try:
-            return await self._call(method, request)
-        finally:
-            self.epoch += 1
-
-    async def route(
-        self,
-        model: str,
-        *,
-        session_id: str = "",
-        kind: int = router_pb2.PROXY_KIND_INFERENCE,
-        want_lease: bool = False,
-        prefix_hashes: list[int] | None = None,
-        timeout_s: float = ROUTER_TIMEOUT,
-    ) -> router_pb2.RouteResponse:
-        req = router_pb2.RouteRequest(
-            model=model,
-            session_id=session_id,
-            kind=kind,  # type: ignore[arg-type]
-            want_lease=want_lease,
-            prefix_hashes=prefix_hashes or (),
-        )
-        return await self._call(self._stub.Route, req, timeout_s)
-
-    async def list_models(self) -> list[router_pb2.ModelInfo]:
-        resp = await self._call(self._stub.ListModels, router_pb2.ListModelsRequest())
-        return list(resp.models)
-
-    async def list_proxies(self, model: str = "", kind: int = 0) -> list[router_pb2.ProxyInfo]:
-        req = router_pb2.ListProxiesRequest(model=model, kind=kind)  # type: ignore[arg-type]
-        resp = await self._call(self._stub.ListProxies, req)
-        return list(resp.proxies)
-
-    async def register_model(self, model: router_pb2.ModelInfo) -> None:
-        await self._change(self._stub.RegisterModel, router_pb2.RegisterModelRequest(model=model))
-
-    async def deregister_model(self, name: str) -> tuple[bool, list[str]]:
-        resp = await self._change(
-            self._stub.DeregisterModel, router_pb2.DeregisterModelRequest(name=name)
-        )
-        return bool(resp.existed), list(resp.proxy_ids)
-
-    async def register_proxy(self, proxy: router_pb2.ProxyInfo) -> None:
-        await self._change(self._stub.RegisterProxy, router_pb2.RegisterProxyRequest(proxy=proxy))
-
-    async def deregister_proxy(self, proxy_id: str) -> bool:
-        resp = await self._change(
-            self._stub.DeregisterProxy, router_pb2.DeregisterProxyRequest(proxy_id=proxy_id)
-        )
-        return bool(resp.existed)
-
-    async def warm(self, timeout_s: float = 2.0) -> bool:
-        """Open the channel now, so the first request does not pay for the connection."""
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
-        except (TimeoutError, grpc.RpcError):
-            return False
-        return True
-
-    async def bind_sessions(
-        self, session_ids: Sequence[str], model: str, *, kind: int = router_pb2.PROXY_KIND_INFERENCE
-    ) -> router_pb2.BindSessionResponse:
-        req = router_pb2.BindSessionRequest(session_ids=list(session_ids), model=model, kind=kind)  # type: ignore[arg-type]
-        return await self._call(self._stub.BindSession, req)
-
-    async def release_sessions(self, session_ids: Sequence[str]) -> int:
-        req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids))
-        resp = await self._call(self._stub.ReleaseSession, req)
-        return int(resp.released)
-
-    async def close(self, grace: float | None = None) -> None:
-        await self._channel.close(grace)
 
 
 class _Waiter:
@@ -318,7 +155,7 @@ class GenerateStream:
                         del self._waiters[result.id]
                     waiter.push(result)
         except grpc.RpcError as exc:
-            error = _proxy_error(exc, self.address, started=True)
+            error = proxy_error(exc, self.address, started=True)
         except asyncio.CancelledError:
             error = ServiceError(503, "the gateway is shutting down", code="shutting_down")
         finally:
@@ -406,7 +243,7 @@ class ProxyClient:
                 await call.trailing_metadata() or grpc.aio.Metadata(),
                 await call.details(),
             )
-            raise _proxy_error(exc, self.address, started=False)
+            raise proxy_error(exc, self.address, started=False)
         stream = self._mux = GenerateStream(call, self.address)
         return stream
 
@@ -497,7 +334,7 @@ class ProxyClient:
         try:
             resp = await call
         except grpc.RpcError as exc:
-            raise _proxy_error(exc, self.address, started=False) from None
+            raise proxy_error(exc, self.address, started=False) from None
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -513,7 +350,7 @@ class ProxyClient:
                 try:
                     msg = await call.read()
                 except grpc.RpcError as exc:
-                    raise _proxy_error(exc, self.address, started=started) from None
+                    raise proxy_error(exc, self.address, started=started) from None
                 if msg is grpc.aio.EOF:
                     return
                 started = True
@@ -558,7 +395,7 @@ class ProxyClient:
         try:
             return await method(request, timeout=timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
-            raise _proxy_error(exc, self.address, started=True) from None
+            raise proxy_error(exc, self.address, started=True) from None
 
     async def start_sessions(
         self, request: proxy_pb2.StartSessionsRequest
@@ -581,7 +418,7 @@ class ProxyClient:
                 try:
                     msg = await call.read()
                 except grpc.RpcError as exc:
-                    raise _proxy_error(exc, self.address, started=True) from None
+                    raise proxy_error(exc, self.address, started=True) from None
                 if msg is grpc.aio.EOF:
                     return
                 yield bytes(msg.jsonl)
@@ -612,7 +449,7 @@ class ProxyPool:
     def get(self, address: str) -> ProxyClient:
         client = self._clients.get(address)
         if client is None:
-            client = ProxyClient(address, _channel(address), self._md, streams=self._streams)
+            client = ProxyClient(address, open_channel(address), self._md, streams=self._streams)
             self._clients[address] = client
         return client
 
@@ -622,126 +459,3 @@ class ProxyPool:
     async def close(self, grace: float | None = None) -> None:
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(c.close(grace) for c in clients), return_exceptions=True)
-
-
-# --- agent mode ---------------------------------------------------------------------------------
-
-# Metadata naming the session key a non-admin caller presented, on the agent RPCs whose
-# request carries no envelope (close, history): the proxy checks it against the session's hash.
-SESSION_KEY_METADATA = "x-areal-session-key"
-
-
-class AgentProxyClient:
-    """The agent-mode RPCs of one data proxy (sessions, turns, rewards, export)."""
-
-    def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
-        self.address = address
-        self._channel = channel
-        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
-        self._md = tuple(md)
-
-    def _keyed(self, session_key: str) -> tuple[tuple[str, str], ...]:
-        return (*self._md, (SESSION_KEY_METADATA, session_key)) if session_key else self._md
-
-    async def _unary(
-        self, method: Any, request: Any, timeout_s: float | None, md: Sequence[tuple[str, str]]
-    ) -> Any:
-        call = method(request, timeout=timeout_s, metadata=md)
-        try:
-            return await call
-        except grpc.RpcError as exc:
-            raise _proxy_error(exc, self.address, started=False) from None
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-
-    async def create_session(
-        self, session_id: str, session_key: str, metadata: bytes, timeout_s: float | None = 60.0
-    ) -> proxy_pb2.CreateAgentSessionResponse:
-        req = proxy_pb2.CreateAgentSessionRequest(
-            session_id=session_id, session_api_key=session_key, metadata=metadata
-        )
-        return await self._unary(self._stub.CreateAgentSession, req, timeout_s, self._md)
-
-    async def close_session(
-        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
-    ) -> bool:
-        """`session_key` empty: the caller is the admin."""
-        req = proxy_pb2.CloseAgentSessionRequest(session_id=session_id)
-        resp = await self._unary(
-            self._stub.CloseAgentSession, req, timeout_s, self._keyed(session_key)
-        )
-        return bool(resp.existed)
-
-    async def history(
-        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
-    ) -> bytes:
-        req = proxy_pb2.GetAgentHistoryRequest(session_id=session_id)
-        resp = await self._unary(
-            self._stub.GetAgentHistory, req, timeout_s, self._keyed(session_key)
-        )
-        return bytes(resp.history)
-
-    async def set_reward(
-        self, request: proxy_pb2.SetRewardRequest, timeout_s: float | None = 60.0
-    ) -> proxy_pb2.SetRewardResponse:
-        return await self._unary(self._stub.SetReward, request, timeout_s, self._md)
-
-    async def turn(
-        self, request: proxy_pb2.AgentTurnRequest, timeout_s: float | None
-    ) -> AsyncIterator[tuple[str, bytes]]:
-        """(event type, JSON data) as the agent emits them; a failure is a `ServiceError`."""
-        call = self._stub.AgentTurn(request, timeout=timeout_s, metadata=self._md)
-        started = False
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise _proxy_error(exc, self.address, started=started) from None
-                if msg is grpc.aio.EOF:
-                    return
-                started = True
-                yield msg.type, bytes(msg.data)
-        finally:
-            # Client gone or consumer stopped: the proxy (and the agent) must see it.
-            if not call.done():
-                call.cancel()
-
-    async def export(
-        self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
-    ) -> list[bytes]:
-        """The exported rows as JSON-lines chunks."""
-        call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
-        chunks: list[bytes] = []
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise _proxy_error(exc, self.address, started=True) from None
-                if msg is grpc.aio.EOF:
-                    return chunks
-                chunks.append(bytes(msg.jsonl))
-        finally:
-            if not call.done():
-                call.cancel()
-
-
-class AgentProxyPool:
-    """One `AgentProxyClient` (one channel) per agent proxy address, reused."""
-
-    def __init__(self, token: str) -> None:
-        self._md = call_metadata(token)
-        self._clients: dict[str, AgentProxyClient] = {}
-
-    def get(self, address: str) -> AgentProxyClient:
-        client = self._clients.get(address)
-        if client is None:
-            client = AgentProxyClient(address, _channel(address), self._md)
-            self._clients[address] = client
-        return client
-
-    async def close(self, grace: float | None = None) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        await asyncio.gather(*(c._channel.close(grace) for c in clients), return_exceptions=True)

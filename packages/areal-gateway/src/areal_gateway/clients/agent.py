@@ -1,0 +1,140 @@
+"""A data proxy's agent-mode RPCs (sessions, turns, rewards, export)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from areal_gateway.clients.common import (
+    open_channel,
+    proxy_error,
+)
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proto.service.auth import call_metadata
+
+log = logging.getLogger(__name__)
+
+
+# Metadata naming the session key a non-admin caller presented, on the agent RPCs whose
+# request carries no envelope (close, history): the proxy checks it against the session's hash.
+SESSION_KEY_METADATA = "x-areal-session-key"
+
+
+class AgentProxyClient:
+    """The agent-mode RPCs of one data proxy (sessions, turns, rewards, export)."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
+        self.address = address
+        self._channel = channel
+        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
+        self._md = tuple(md)
+
+    def _keyed(self, session_key: str) -> tuple[tuple[str, str], ...]:
+        return (*self._md, (SESSION_KEY_METADATA, session_key)) if session_key else self._md
+
+    async def _unary(
+        self, method: Any, request: Any, timeout_s: float | None, md: Sequence[tuple[str, str]]
+    ) -> Any:
+        call = method(request, timeout=timeout_s, metadata=md)
+        try:
+            return await call
+        except grpc.RpcError as exc:
+            raise proxy_error(exc, self.address, started=False) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    async def create_session(
+        self, session_id: str, session_key: str, metadata: bytes, timeout_s: float | None = 60.0
+    ) -> proxy_pb2.CreateAgentSessionResponse:
+        req = proxy_pb2.CreateAgentSessionRequest(
+            session_id=session_id, session_api_key=session_key, metadata=metadata
+        )
+        return await self._unary(self._stub.CreateAgentSession, req, timeout_s, self._md)
+
+    async def close_session(
+        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
+    ) -> bool:
+        """`session_key` empty: the caller is the admin."""
+        req = proxy_pb2.CloseAgentSessionRequest(session_id=session_id)
+        resp = await self._unary(
+            self._stub.CloseAgentSession, req, timeout_s, self._keyed(session_key)
+        )
+        return bool(resp.existed)
+
+    async def history(
+        self, session_id: str, session_key: str = "", timeout_s: float | None = 30.0
+    ) -> bytes:
+        req = proxy_pb2.GetAgentHistoryRequest(session_id=session_id)
+        resp = await self._unary(
+            self._stub.GetAgentHistory, req, timeout_s, self._keyed(session_key)
+        )
+        return bytes(resp.history)
+
+    async def set_reward(
+        self, request: proxy_pb2.SetRewardRequest, timeout_s: float | None = 60.0
+    ) -> proxy_pb2.SetRewardResponse:
+        return await self._unary(self._stub.SetReward, request, timeout_s, self._md)
+
+    async def turn(
+        self, request: proxy_pb2.AgentTurnRequest, timeout_s: float | None
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """(event type, JSON data) as the agent emits them; a failure is a `ServiceError`."""
+        call = self._stub.AgentTurn(request, timeout=timeout_s, metadata=self._md)
+        started = False
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise proxy_error(exc, self.address, started=started) from None
+                if msg is grpc.aio.EOF:
+                    return
+                started = True
+                yield msg.type, bytes(msg.data)
+        finally:
+            # Client gone or consumer stopped: the proxy (and the agent) must see it.
+            if not call.done():
+                call.cancel()
+
+    async def export(
+        self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
+    ) -> list[bytes]:
+        """The exported rows as JSON-lines chunks."""
+        call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
+        chunks: list[bytes] = []
+        try:
+            while True:
+                try:
+                    msg = await call.read()
+                except grpc.RpcError as exc:
+                    raise proxy_error(exc, self.address, started=True) from None
+                if msg is grpc.aio.EOF:
+                    return chunks
+                chunks.append(bytes(msg.jsonl))
+        finally:
+            if not call.done():
+                call.cancel()
+
+
+class AgentProxyPool:
+    """One `AgentProxyClient` (one channel) per agent proxy address, reused."""
+
+    def __init__(self, token: str) -> None:
+        self._md = call_metadata(token)
+        self._clients: dict[str, AgentProxyClient] = {}
+
+    def get(self, address: str) -> AgentProxyClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = AgentProxyClient(address, open_channel(address), self._md)
+            self._clients[address] = client
+        return client
+
+    async def close(self, grace: float | None = None) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c._channel.close(grace) for c in clients), return_exceptions=True)
