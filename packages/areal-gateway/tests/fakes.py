@@ -293,6 +293,10 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
                 self.cancelled.append(rid)
             raise
 
+    async def Generate(self, request_iterator: Any, context: Any) -> Any:  # type: ignore[override]
+        # Like a proxy older than Generate: the gateway falls back to one call per request.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Generate is not implemented")
+
     async def GetStats(self, request: Any, context: Any) -> Any:
         from areal_proto.proxy.v1 import proxy_pb2
 

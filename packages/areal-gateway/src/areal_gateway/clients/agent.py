@@ -12,6 +12,7 @@ import grpc
 from areal_gateway.clients.common import (
     open_channel,
     proxy_error,
+    read_messages,
 )
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.service.auth import call_metadata
@@ -85,40 +86,15 @@ class AgentProxyClient:
     ) -> AsyncIterator[tuple[str, bytes]]:
         """(event type, JSON data) as the agent emits them; a failure is a `ServiceError`."""
         call = self._stub.AgentTurn(request, timeout=timeout_s, metadata=self._md)
-        started = False
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise proxy_error(exc, self.address, started=started) from None
-                if msg is grpc.aio.EOF:
-                    return
-                started = True
-                yield msg.type, bytes(msg.data)
-        finally:
-            # Client gone or consumer stopped: the proxy (and the agent) must see it.
-            if not call.done():
-                call.cancel()
+        async for msg in read_messages(call, self.address):
+            yield msg.type, bytes(msg.data)
 
     async def export(
         self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
     ) -> list[bytes]:
         """The exported rows as JSON-lines chunks."""
         call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
-        chunks: list[bytes] = []
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise proxy_error(exc, self.address, started=True) from None
-                if msg is grpc.aio.EOF:
-                    return chunks
-                chunks.append(bytes(msg.jsonl))
-        finally:
-            if not call.done():
-                call.cancel()
+        return [bytes(msg.jsonl) async for msg in read_messages(call, self.address, started=True)]
 
 
 class AgentProxyPool:

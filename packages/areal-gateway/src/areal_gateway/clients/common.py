@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -74,3 +75,22 @@ def proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceEr
 
 def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+async def read_messages(call: Any, address: str, *, started: bool = False) -> AsyncIterator[Any]:
+    """The messages of a server-streaming proxy call. A failure is a `ServiceError` (one before
+    the first message may be `ProxyUnreachable` unless `started`); when the consumer stops
+    early (its client went away) the call is cancelled, so the proxy sees it."""
+    try:
+        while True:
+            try:
+                msg = await call.read()
+            except grpc.RpcError as exc:
+                raise proxy_error(exc, address, started=started) from None
+            if msg is grpc.aio.EOF:
+                return
+            started = True
+            yield msg
+    finally:
+        if not call.done():
+            call.cancel()

@@ -15,6 +15,7 @@ from areal_gateway.clients.common import (
     ProxyUnreachable,
     open_channel,
     proxy_error,
+    read_messages,
 )
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -344,21 +345,8 @@ class ProxyClient:
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
         call = method(request, timeout=timeout_s, metadata=self._md)
-        started = False
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise proxy_error(exc, self.address, started=started) from None
-                if msg is grpc.aio.EOF:
-                    return
-                started = True
-                yield [bytes(msg.data)]
-        finally:
-            # Client gone, consumer stopped, or an error: the proxy must see the cancellation.
-            if not call.done():
-                call.cancel()
+        async for msg in read_messages(call, self.address):
+            yield [bytes(msg.data)]
 
     # -- generation: whole bodies, or streams as batches of chunks that arrived together --
 
@@ -413,18 +401,8 @@ class ProxyClient:
     ) -> AsyncIterator[bytes]:
         """JSON lines of exported rows, chunk by chunk as the proxy reads them."""
         call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
-        try:
-            while True:
-                try:
-                    msg = await call.read()
-                except grpc.RpcError as exc:
-                    raise proxy_error(exc, self.address, started=True) from None
-                if msg is grpc.aio.EOF:
-                    return
-                yield bytes(msg.jsonl)
-        finally:
-            if not call.done():
-                call.cancel()
+        async for msg in read_messages(call, self.address, started=True):
+            yield bytes(msg.jsonl)
 
     async def control(
         self, action: str, request: Any, timeout_s: float | None
