@@ -6,42 +6,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(
+from areal_cli import service_commands as sc
+from areal_cli.service_commands import AdminApiKey, Force, Host, LogLevel, Supervise
+
+GROUP = "agent"
+SERVICE_HELP = "Service name [default: 'default']."
+
+app = sc.group_app(
     help="Manage local agent services (gateway, router, worker/data-proxy pairs).",
-    no_args_is_help=True,
-    add_completion=False,
+    config_help="Extra TOML config, over $AREAL_HOME/agent/config.toml.",
 )
 
-Service = Annotated[
-    str | None, typer.Option("--service", help="Service name [default: 'default'].")
-]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-@app.callback()
-def _group(
-    ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="Extra TOML config, over $AREAL_HOME/agent/config.toml.",
-            dir_okay=False,
-        ),
-    ] = None,
-) -> None:
-    ctx.obj = config
-
-
-def _cfg(ctx: typer.Context):
-    from areal_cli import config
-
-    return config.load("agent", ctx.obj)
+Service = Annotated[str | None, typer.Option("--service", help=SERVICE_HELP)]
 
 
 @app.command(no_args_is_help=False)
@@ -58,20 +38,8 @@ def run(
     num_pairs: Annotated[
         int | None, typer.Option(help="Worker/data-proxy pairs to start [default: 1].")
     ] = None,
-    admin_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="AREAL_ADMIN_API_KEY",
-            help="Admin key of the gateway [default: generated]; kept in a 0600 file beside the state.",
-            show_envvar=True,
-        ),
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="Stop whatever the existing state of this service records, then start."
-        ),
-    ] = False,
+    admin_api_key: AdminApiKey = None,
+    force: Force = False,
     setup_timeout: Annotated[
         float | None,
         typer.Option(help="Seconds every component gets to become healthy [default: 120]."),
@@ -86,12 +54,8 @@ def run(
     session_timeout: Annotated[
         float | None, typer.Option(help="Seconds an idle agent session lives [default: 1800].")
     ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning, error [default: info].")
-    ] = None,
-    host: Annotated[
-        str | None, typer.Option(help="Gateway bind address [default: 127.0.0.1].")
-    ] = None,
+    log_level: LogLevel = None,
+    host: Host = None,
     port: Annotated[
         int | None, typer.Option(help="Gateway port [default: 0 = the OS picks; see status].")
     ] = None,
@@ -122,14 +86,7 @@ def run(
             help="Model the agent's LLM calls use [default: the linked service's only model]."
         ),
     ] = None,
-    supervise: Annotated[
-        bool | None,
-        typer.Option(
-            "--supervise/--no-supervise",
-            help="Restart dead or hung components with backoff (the watchdog) "
-            "[default: [supervision] enabled, else on].",
-        ),
-    ] = None,
+    supervise: Supervise = None,
 ) -> None:
     """Start an agent service (router, gateway, N worker/data-proxy pairs) and return."""
     from areal_cli.agent import launch
@@ -154,78 +111,18 @@ def run(
         inf_model=inf_model,
         supervise=supervise,
     )
-    raise typer.Exit(launch.run(_cfg(ctx), opts))
+    raise typer.Exit(launch.run(sc.load_config(GROUP, ctx), opts))
 
 
-@app.command()
-def ps(
-    ctx: typer.Context,
-    as_json: Json = False,
-    all_: Annotated[bool, typer.Option("--all", help="Include stale services.")] = False,
-) -> None:
-    """List agent services on this machine."""
-    from areal_cli import lifecycle
-
-    if ctx.obj is not None:
-        _cfg(ctx)  # an explicit --config is validated even where no key applies
-    raise typer.Exit(lifecycle.ps("agent", as_json=as_json, include_stale=all_))
-
-
-@app.command()
-def status(
-    ctx: typer.Context,
-    service: Service = None,
-    as_json: Json = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
-) -> None:
-    """Per-component state: gateway, router and each pair's worker + proxy."""
-    from areal_cli import lifecycle
-
-    name = service or _cfg(ctx).get("default", "service") or "default"
-    raise typer.Exit(
-        lifecycle.status("agent", name, as_json=as_json, watch=watch, interval=interval)
-    )
-
-
-@app.command()
-def logs(
-    ctx: typer.Context,
-    component: Annotated[
-        str, typer.Option("--component", "-c", help="gateway, router, worker-<i>, proxy-<i>.")
-    ],
-    service: Service = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing (tail -F).")
-    ] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines to show first.")] = 50,
-) -> None:
-    """Show a component's log."""
-    from areal_cli import lifecycle
-
-    name = service or _cfg(ctx).get("default", "service") or "default"
-    raise typer.Exit(lifecycle.logs("agent", name, component, follow=follow, lines=lines))
-
-
-@app.command()
-def stop(
-    ctx: typer.Context,
-    service: Service = None,
-    force: Annotated[bool, typer.Option("--force", help="SIGKILL at once.")] = False,
-    grace: Annotated[
-        float | None,
-        typer.Option(
-            "--grace-period", "--grace", help="Seconds between SIGTERM and SIGKILL [default: 10]."
-        ),
-    ] = None,
-    keep_state: Annotated[
-        bool, typer.Option("--keep-state", help="Stop the processes but keep <service>.json.")
-    ] = False,
-) -> None:
-    """Stop every component and remove the state."""
-    from areal_cli import lifecycle
-
-    cfg = _cfg(ctx)
-    name = service or cfg.get("default", "service") or "default"
-    g = float(cfg.pick(grace, "stop", "grace_period", lifecycle.DEFAULT_GRACE))
-    raise typer.Exit(lifecycle.stop("agent", name, force=force, grace=g, keep_state=keep_state))
+sc.add_lifecycle_commands(
+    app,
+    GROUP,
+    service_help=SERVICE_HELP,
+    ps_help="List agent services on this machine.",
+    status_help="Per-component state: gateway, router and each pair's worker + proxy.",
+    component_help="gateway, router, worker-<i>, proxy-<i>.",
+    stop_help="Stop every component and remove the state.",
+    grace_flags=("--grace-period", "--grace"),
+    blank_service_is_default=True,
+    reject_negative_grace=False,
+)

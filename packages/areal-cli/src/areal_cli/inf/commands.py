@@ -2,67 +2,48 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(
+from areal_cli import service_commands as sc
+from areal_cli.service_commands import AdminApiKey, Force, Host, Json, LogLevel, Supervise
+
+GROUP = "inf"
+SERVICE_HELP = "Service name [default: [default] service or 'default']."
+
+app = sc.group_app(
     help="Launch and manage a local inference service (gateway, router, engines, data proxies).",
-    no_args_is_help=True,
-    add_completion=False,
+    config_help="Extra TOML config, over $AREAL_HOME/inf/config.toml (flags win over both).",
 )
 
-Service = Annotated[
-    str | None,
-    typer.Option("--service", help="Service name [default: [default] service or 'default']."),
+Service = Annotated[str | None, typer.Option("--service", help=SERVICE_HELP)]
+# One definition for `run --model` and `register`, so their model flags cannot drift apart.
+Backend = Annotated[
+    str | None, typer.Option(help="<sglang|vllm>:d<N>t<N>p<N> [default: sglang:d1].")
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-@app.callback()
-def _group(
-    ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="Extra TOML config, over $AREAL_HOME/inf/config.toml (flags win over both).",
-            dir_okay=False,
-        ),
-    ] = None,
-) -> None:
-    ctx.obj = config
-
-
-def _cfg(ctx: typer.Context):
-    from areal_cli import config
-
-    return config.load("inf", ctx.obj)
-
-
-def _service(ctx: typer.Context, service: str | None) -> str:
-    if service is not None:
-        return service
-    return _cfg(ctx).get("default", "service") or "default"
+ModelPath = Annotated[str | None, typer.Option(help="Model folder or id.")]
+TokenizerPath = Annotated[
+    str | None, typer.Option(help="Tokenizer folder [default: the model path].")
+]
+EngineArgs = Annotated[
+    str | None, typer.Option(help="Shell-style string appended to the engine's arguments.")
+]
+ProxyArgs = Annotated[
+    str | None, typer.Option(help="Shell-style string appended to each data proxy's arguments.")
+]
+ModelHealthTimeout = Annotated[
+    float | None, typer.Option(help="Seconds each engine gets to be healthy [default: 600].")
+]
 
 
 @app.command(no_args_is_help=False)
 def run(
     ctx: typer.Context,
     service: Service = None,
-    host: Annotated[
-        str | None, typer.Option(help="Gateway bind address [default: 127.0.0.1].")
-    ] = None,
+    host: Host = None,
     port: Annotated[int | None, typer.Option(help="Gateway port [default: 8080].")] = None,
-    admin_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="AREAL_ADMIN_API_KEY",
-            help="Admin key of the gateway [default: generated]; kept in a 0600 file beside the state.",
-            show_envvar=True,
-        ),
-    ] = None,
+    admin_api_key: AdminApiKey = None,
     scheduler: Annotated[
         str | None, typer.Option(help="Scheduling backend; only 'local' [default: local].")
     ] = None,
@@ -74,12 +55,7 @@ def run(
             "background (without it, run stays in the foreground and Ctrl-C stops everything).",
         ),
     ] = False,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="Stop whatever the existing state of this service records, then start."
-        ),
-    ] = False,
+    force: Force = False,
     routing_strategy: Annotated[
         str | None,
         typer.Option(
@@ -87,9 +63,7 @@ def run(
             "cache_aware [default: round_robin]."
         ),
     ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning, error [default: info].")
-    ] = None,
+    log_level: LogLevel = None,
     launch_timeout: Annotated[
         float | None,
         typer.Option(
@@ -97,32 +71,13 @@ def run(
         ),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Register this model name at start.")] = None,
-    backend: Annotated[
-        str | None,
-        typer.Option(help="<sglang|vllm>:d<N>t<N>p<N> [default: sglang:d1]."),
-    ] = None,
-    model_path: Annotated[str | None, typer.Option(help="Model folder or id.")] = None,
-    tokenizer_path: Annotated[
-        str | None, typer.Option(help="Tokenizer folder [default: the model path].")
-    ] = None,
-    engine_args: Annotated[
-        str | None, typer.Option(help="Shell-style string appended to the engine's arguments.")
-    ] = None,
-    proxy_args: Annotated[
-        str | None,
-        typer.Option(help="Shell-style string appended to each data proxy's arguments."),
-    ] = None,
-    model_health_timeout: Annotated[
-        float | None, typer.Option(help="Seconds each engine gets to be healthy [default: 600].")
-    ] = None,
-    supervise: Annotated[
-        bool | None,
-        typer.Option(
-            "--supervise/--no-supervise",
-            help="Restart dead or hung components with backoff (the watchdog) "
-            "[default: [supervision] enabled, else on].",
-        ),
-    ] = None,
+    backend: Backend = None,
+    model_path: ModelPath = None,
+    tokenizer_path: TokenizerPath = None,
+    engine_args: EngineArgs = None,
+    proxy_args: ProxyArgs = None,
+    model_health_timeout: ModelHealthTimeout = None,
+    supervise: Supervise = None,
 ) -> None:
     """Start an inference service: router, gateway and, with --model, a model's replicas."""
     from areal_cli.inf import launch
@@ -149,7 +104,7 @@ def run(
             health_timeout=model_health_timeout,
         ),
     )
-    raise typer.Exit(launch.run(_cfg(ctx), opts))
+    raise typer.Exit(launch.run(sc.load_config(GROUP, ctx), opts))
 
 
 @app.command()
@@ -157,23 +112,12 @@ def register(
     ctx: typer.Context,
     model_name: Annotated[str, typer.Option("--model-name", help="Name clients use as 'model'.")],
     service: Service = None,
-    backend: Annotated[
-        str | None, typer.Option(help="<sglang|vllm>:d<N>t<N>p<N> [default: sglang:d1].")
-    ] = None,
-    model_path: Annotated[str | None, typer.Option(help="Model folder or id.")] = None,
-    tokenizer_path: Annotated[
-        str | None, typer.Option(help="Tokenizer folder [default: the model path].")
-    ] = None,
-    engine_args: Annotated[
-        str | None, typer.Option(help="Shell-style string appended to the engine's arguments.")
-    ] = None,
-    proxy_args: Annotated[
-        str | None,
-        typer.Option(help="Shell-style string appended to each data proxy's arguments."),
-    ] = None,
-    model_health_timeout: Annotated[
-        float | None, typer.Option(help="Seconds each engine gets to be healthy [default: 600].")
-    ] = None,
+    backend: Backend = None,
+    model_path: ModelPath = None,
+    tokenizer_path: TokenizerPath = None,
+    engine_args: EngineArgs = None,
+    proxy_args: ProxyArgs = None,
+    model_health_timeout: ModelHealthTimeout = None,
 ) -> None:
     """Launch engine replica(s) and data proxies for a model and register them with the gateway."""
     from areal_cli.inf import launch
@@ -187,7 +131,7 @@ def register(
         proxy_args=proxy_args,
         health_timeout=model_health_timeout,
     )
-    raise typer.Exit(launch.register(_cfg(ctx), service, opts))
+    raise typer.Exit(launch.register(sc.load_config(GROUP, ctx), service, opts))
 
 
 @app.command()
@@ -199,7 +143,7 @@ def deregister(
     """Remove a model from the gateway, then stop its data proxies and engines."""
     from areal_cli.inf import launch
 
-    raise typer.Exit(launch.deregister(_cfg(ctx), service, model_name))
+    raise typer.Exit(launch.deregister(sc.load_config(GROUP, ctx), service, model_name))
 
 
 @app.command()
@@ -207,84 +151,18 @@ def models(ctx: typer.Context, service: Service = None, as_json: Json = False) -
     """List the models of a service (the gateway's registry merged with local state)."""
     from areal_cli.inf import launch
 
-    raise typer.Exit(launch.models(_cfg(ctx), service, as_json))
+    raise typer.Exit(launch.models(sc.load_config(GROUP, ctx), service, as_json))
 
 
-@app.command()
-def ps(
-    ctx: typer.Context,
-    as_json: Json = False,
-    all_: Annotated[bool, typer.Option("--all", help="Include stale services.")] = False,
-) -> None:
-    """List inference services on this machine."""
-    from areal_cli import lifecycle
-
-    if ctx.obj is not None:
-        _cfg(ctx)  # an explicit --config is validated even where no key applies
-    raise typer.Exit(lifecycle.ps("inf", as_json=as_json, include_stale=all_))
-
-
-@app.command()
-def status(
-    ctx: typer.Context,
-    service: Service = None,
-    as_json: Json = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
-) -> None:
-    """Per-component state of one service (gateway, router, workers, data proxies)."""
-    from areal_cli import lifecycle
-
-    name = _service(ctx, service)
-    raise typer.Exit(lifecycle.status("inf", name, as_json=as_json, watch=watch, interval=interval))
-
-
-@app.command()
-def logs(
-    ctx: typer.Context,
-    component: Annotated[
-        str,
-        typer.Option(
-            "--component", "-c", help="gateway, router, <model>-worker-<i>, <model>-data-proxy-<i>."
-        ),
-    ],
-    service: Service = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing (tail -F).")
-    ] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines to show first.")] = 50,
-) -> None:
-    """Show a component's log."""
-    from areal_cli import lifecycle
-
-    raise typer.Exit(
-        lifecycle.logs("inf", _service(ctx, service), component, follow=follow, lines=lines)
-    )
-
-
-@app.command()
-def stop(
-    ctx: typer.Context,
-    service: Service = None,
-    force: Annotated[bool, typer.Option("--force", help="SIGKILL at once.")] = False,
-    grace: Annotated[
-        float | None,
-        typer.Option(
-            "--grace",
-            "--grace-period",
-            help="Seconds between SIGTERM and SIGKILL [default: 10].",
-        ),
-    ] = None,
-    keep_state: Annotated[
-        bool, typer.Option("--keep-state", help="Stop the processes but keep <service>.json.")
-    ] = False,
-) -> None:
-    """Stop every component (proxies, engines, gateway, router) and remove the state."""
-    from areal_cli import lifecycle
-
-    cfg = _cfg(ctx)
-    name = service or cfg.get("default", "service") or "default"
-    g = float(cfg.pick(grace, "stop", "grace_period", lifecycle.DEFAULT_GRACE))
-    if g < 0:
-        raise typer.BadParameter("must be 0 or more", param_hint="--grace")
-    raise typer.Exit(lifecycle.stop("inf", name, force=force, grace=g, keep_state=keep_state))
+sc.add_lifecycle_commands(
+    app,
+    GROUP,
+    service_help=SERVICE_HELP,
+    ps_help="List inference services on this machine.",
+    status_help="Per-component state of one service (gateway, router, workers, data proxies).",
+    component_help="gateway, router, <model>-worker-<i>, <model>-data-proxy-<i>.",
+    stop_help="Stop every component (proxies, engines, gateway, router) and remove the state.",
+    grace_flags=("--grace", "--grace-period"),
+    blank_service_is_default=False,
+    reject_negative_grace=True,
+)
