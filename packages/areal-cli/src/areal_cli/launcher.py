@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from areal_cli import state as st
 from areal_cli import supervisor
@@ -97,6 +98,10 @@ class Launcher:
         self.env = env  # secrets etc. for services (never on argv)
         self.procs: dict[int, Any] = {}
         self.started: list[Component] = []
+        self.began = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
 
     # -- recording -------------------------------------------------------
     def save(self) -> None:
@@ -228,6 +233,187 @@ def stop_signals():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+# -- starting a service -------------------------------------------------
+
+
+def run_service(
+    group: str,
+    service: str,
+    *,
+    force: bool,
+    host: str,
+    port: int,
+    port_setting: str,
+    admin_api_key: str,
+    extra_secrets: dict[str, str] | None,
+    new_state: Callable[[], dict[str, Any]],
+    start: Callable[[Launcher], None],
+    detach: bool,
+    supervise: bool,
+    summary: Callable[[Launcher], None],
+    failed_label: str = "run",
+) -> int:
+    """`areal <group> run` around its group's `start`: under the service lock clear the
+    old state, save the secrets and `start` the components; then mark the service
+    running, print the summary and return (`detach`) or watch it in the foreground.
+
+    A launch that fails or is interrupted stops everything it started and leaves no
+    state; its progress line says "<failed_label> failed". `new_state` is called once
+    the old state is gone, so `created_at` is now.
+    """
+    lock = st.Lock(group, service)
+    lock.acquire()
+    try:
+        clear_existing(group, service, force)
+        if port and supervisor.port_in_use(host, port):
+            raise CLIError(
+                f"port {port} on {host} is already in use: choose another --port "
+                f"(or {port_setting})"
+            )
+        token = secrets.token_urlsafe(32)
+        secret_doc = {"admin_api_key": admin_api_key, "internal_token": token}
+        st.save_secrets(group, service, {**secret_doc, **(extra_secrets or {})})
+        launcher = Launcher(group, service, new_state(), {"AREAL_INTERNAL_TOKEN": token})
+        try:
+            with stop_signals():
+                start(launcher)
+                launcher.state["phase"] = "running"
+                launcher.save()
+                if detach and supervise:
+                    start_watchdog(launcher)
+        except BaseException as e:
+            fail_launch(
+                launcher, e, "run", lambda: st.remove(group, service), failed_label=failed_label
+            )
+    finally:
+        lock.release()
+    summary(launcher)
+    if detach:
+        return 0
+    return monitor_foreground(
+        group, service, launcher.state["instance"], launcher.procs, supervise=supervise
+    )
+
+
+def clear_existing(group: str, service: str, force: bool) -> None:
+    """Refuse over recorded state, or with --force stop what it records (pid-checked) first."""
+    from areal_cli.lifecycle import components, service_status, terminate_components
+
+    old = st.load(group, service)
+    if old is None:
+        return
+    status = service_status(old)
+    if not force:
+        if status in ("running", "degraded", "starting"):
+            url = (old.get("gateway") or {}).get("url") or "-"
+            raise CLIError(
+                f"{group} service '{service}' is already {status} (gateway {url}); "
+                f"stop it with `areal {group} stop --service {service}` or replace it with --force"
+            )
+        raise CLIError(
+            f"{group} service '{service}' has {status} state; clean it with "
+            f"`areal {group} stop --service {service}` or start over it with --force"
+        )
+    comps = list(components(old).values())
+    alive = [c for c in comps if supervisor.group_alive(c)]
+    if alive:
+        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
+    survivors = terminate_components(comps, grace=5.0)
+    if survivors:
+        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
+    st.remove(group, service)
+
+
+def start_router_gateway(
+    launcher: Launcher,
+    *,
+    router_bin: str,
+    gateway_bin: str,
+    host: str,
+    port: int,
+    admin_api_key: str,
+    policy: str,
+    common_args: list[str],
+    gateway_args: list[str],
+    timeout: Callable[[], float],
+) -> None:
+    """The router, then the gateway pointed at it; both recorded in the state once ready
+    (the gateway once it answers as healthy).
+
+    `common_args` go to both after `--ready-file`, `gateway_args` to the gateway before
+    `--router-addr`; `timeout()` is asked before each wait (a group may count down).
+    """
+    from areal_cli.http import gateway_healthy  # urllib: not for the watchdog's start-up
+
+    state = launcher.state
+    ready = launcher.ready_file("router")
+    state_file = st.run_dir(launcher.group, launcher.service) / "router-state.json"
+    if state_file.exists():
+        state_file.unlink()  # a new service starts with an empty registry
+    argv = [router_bin, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
+    argv += [*common_args, "--policy", policy, "--state-file", str(state_file)]
+    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
+    info: dict[str, Any] = {}
+    launcher.wait_all([(proc, router, Launcher.ready_check(ready, proc.pid, info))], timeout())
+    address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
+    launcher.update(router, port=int(info["port"]), address=address)
+    state["router"] = {"address": address}
+    launcher.save()
+
+    ready = launcher.ready_file("gateway")
+    argv = [gateway_bin, "--host", host, "--port", str(port), "--ready-file", str(ready)]
+    argv += [*common_args, *gateway_args, "--router-addr", address]
+    env = {**launcher.env, "AREAL_ADMIN_API_KEY": admin_api_key}
+    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=host, port=port)
+    ginfo: dict[str, Any] = {}
+    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
+
+    def healthy() -> bool:
+        return file_ok() and gateway_healthy(http_url(host, int(ginfo["port"])), proc.pid)
+
+    launcher.wait_all([(proc, gw, healthy)], timeout(), "healthy")
+    url = http_url(host, int(ginfo["port"]))
+    launcher.update(gw, port=int(ginfo["port"]), url=url)
+    state["gateway"] = {"host": host, "port": int(ginfo["port"]), "url": url}
+    launcher.save()
+    progress(f"gateway healthy at {url} ({launcher.elapsed():.1f}s)")
+
+
+def start_watchdog(launcher: Launcher) -> None:
+    """`--detach` with supervision: the watchdog as a recorded component of the service."""
+    argv = [sys.executable, "-m", "areal_cli.watchdog", "--group", launcher.group]
+    argv += ["--service", launcher.service, "--instance", launcher.state["instance"]]
+    proc, comp = launcher.spawn("watchdog", "watchdog", argv, env={})
+    launcher.wait_all([(proc, comp, lambda: True)], 5.0)
+
+
+def fail_launch(
+    launcher: Launcher,
+    e: BaseException,
+    what: str,
+    forget: Callable[[], None],
+    *,
+    failed_label: str | None = None,
+) -> NoReturn:
+    """Stop everything `what` (run, register) started, `forget` it in the state, raise why."""
+    # A second Ctrl-C must not cut the cleanup short and leave processes behind.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if launcher.started:
+            progress(
+                f"{failed_label or what} failed: stopping {len(launcher.started)} started component(s)"
+            )
+        launcher.abort()
+        forget()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if isinstance(e, LaunchError):
+        raise CLIError(str(e)) from None
+    if isinstance(e, KeyboardInterrupt | Interrupted):
+        raise CLIError(f"{what} interrupted; everything it started was stopped", code=130) from None
+    raise e from None
 
 
 def monitor_foreground(

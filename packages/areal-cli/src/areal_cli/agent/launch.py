@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,11 +32,11 @@ from areal_cli.http import call, error_message, gateway_healthy
 from areal_cli.launcher import (
     Launcher,
     check_log_level,
-    http_url,
     progress,
     resolve_binary,
+    run_service,
     self_identity,
-    stop_signals,
+    start_router_gateway,
 )
 from areal_cli.supervisor import Component, LaunchError
 from areal_cli.watchdog import policy_from_config
@@ -267,50 +266,41 @@ def run(cfg: Config, o: RunOptions) -> int:
     if plan.inf is not None and not supervisor.http_ok(plan.inf.gateway_url + "/health", 3.0):
         raise CLIError(f"inference gateway {plan.inf.gateway_url} does not answer GET /health")
 
-    service = plan.service
-    lock = st.Lock(GROUP, service)
-    lock.acquire()
-    try:
-        clear_existing(service, plan.force)
-        if plan.port and supervisor.port_in_use(plan.host, plan.port):
-            raise CLIError(
-                f"port {plan.port} on {plan.host} is already in use: choose another --port "
-                "(or [run] gateway_port)"
-            )
-        token = secrets.token_urlsafe(32)
-        secret_doc = {"admin_api_key": plan.admin_api_key, "internal_token": token}
-        if plan.inf is not None:
-            secret_doc["inf_admin_api_key"] = plan.inf.admin_api_key
-        st.save_secrets(GROUP, service, secret_doc)
-        state = _initial_state(plan)
-        launcher = Launcher(GROUP, service, state, {"AREAL_INTERNAL_TOKEN": token})
-        t0 = time.monotonic()
-        deadline = t0 + plan.setup_timeout
-        try:
-            with stop_signals():
-                _start_core(launcher, plan, router_bin, gateway_bin, deadline)
-                progress(
-                    f"gateway healthy at {state['gateway']['url']} ({time.monotonic() - t0:.1f}s)"
-                )
-                _start_pairs(launcher, plan, worker_bin, proxy_bin, deadline)
-                progress(
-                    f"{plan.num_pairs} pair(s) started and registered "
-                    f"({time.monotonic() - t0:.1f}s)"
-                )
-                _wait_healthy(launcher, plan, deadline)
-                state["phase"] = "running"
-                launcher.save()
-                if (plan.supervision or {}).get("enabled"):
-                    from areal_cli.inf.launch import start_watchdog
+    def start(launcher: Launcher) -> None:
+        deadline = launcher.began + plan.setup_timeout
+        start_router_gateway(
+            launcher,
+            router_bin=router_bin,
+            gateway_bin=gateway_bin,
+            host=plan.host,
+            port=plan.port,
+            admin_api_key=plan.admin_api_key,
+            policy=plan.routing_strategy,
+            common_args=_common_args(plan),
+            gateway_args=["--mode", "agent"],
+            timeout=lambda: _left(deadline),
+        )
+        _start_pairs(launcher, plan, worker_bin, proxy_bin, deadline)
+        progress(f"{plan.num_pairs} pair(s) started and registered ({launcher.elapsed():.1f}s)")
+        _wait_healthy(launcher, plan, deadline)
 
-                    start_watchdog(launcher, GROUP)
-        except BaseException as e:
-            _fail_run(launcher, e)
-            raise  # not reached: _fail_run raises
-    finally:
-        lock.release()
-    _print_summary(plan, state, time.monotonic() - t0)
-    return 0
+    return run_service(
+        GROUP,
+        plan.service,
+        force=plan.force,
+        host=plan.host,
+        port=plan.port,
+        port_setting="[run] gateway_port",
+        admin_api_key=plan.admin_api_key,
+        extra_secrets=None if plan.inf is None else {"inf_admin_api_key": plan.inf.admin_api_key},
+        new_state=lambda: _initial_state(plan),
+        start=start,
+        # Always detached: an agent service has no foreground mode.
+        detach=True,
+        supervise=bool((plan.supervision or {}).get("enabled")),
+        summary=lambda launcher: _print_summary(plan, launcher.state, launcher.elapsed()),
+        failed_label="launch",
+    )
 
 
 def _initial_state(plan: Plan) -> dict[str, Any]:
@@ -349,76 +339,13 @@ def _initial_state(plan: Plan) -> dict[str, Any]:
     }
 
 
-def clear_existing(service: str, force: bool) -> None:
-    """Refuse over recorded state, or with --force stop what it records (pid-checked) first."""
-    from areal_cli.lifecycle import components, service_status, terminate_components
-
-    old = st.load(GROUP, service)
-    if old is None:
-        return
-    status = service_status(old)
-    if not force:
-        if status in ("running", "degraded", "starting"):
-            url = (old.get("gateway") or {}).get("url") or "-"
-            raise CLIError(
-                f"agent service '{service}' is already {status} (gateway {url}); "
-                f"stop it with `areal agent stop --service {service}` or replace it with --force"
-            )
-        raise CLIError(
-            f"agent service '{service}' has {status} state; clean it with "
-            f"`areal agent stop --service {service}` or start over it with --force"
-        )
-    comps = list(components(old).values())
-    alive = [c for c in comps if supervisor.group_alive(c)]
-    if alive:
-        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
-    survivors = terminate_components(comps, grace=5.0)
-    if survivors:
-        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
-    st.remove(GROUP, service)
+def _common_args(plan: Plan) -> list[str]:
+    """Arguments every component of the service takes."""
+    return ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
 
 
 def _left(deadline: float) -> float:
     return max(0.1, deadline - time.monotonic())
-
-
-def _start_core(
-    launcher: Launcher, plan: Plan, router_bin: str, gateway_bin: str, deadline: float
-) -> None:
-    state = launcher.state
-    common = ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
-    ready = launcher.ready_file("router")
-    state_file = st.run_dir(GROUP, plan.service) / "router-state.json"
-    if state_file.exists():
-        state_file.unlink()  # a new service starts with an empty registry
-    argv = [router_bin, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
-    argv += [*common, "--policy", plan.routing_strategy, "--state-file", str(state_file)]
-    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
-    info: dict[str, Any] = {}
-    launcher.wait_all(
-        [(proc, router, Launcher.ready_check(ready, proc.pid, info))], _left(deadline)
-    )
-    address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
-    launcher.update(router, port=int(info["port"]), address=address)
-    state["router"] = {"address": address}
-    launcher.save()
-
-    ready = launcher.ready_file("gateway")
-    argv = [gateway_bin, "--host", plan.host, "--port", str(plan.port), "--ready-file", str(ready)]
-    argv += [*common, "--mode", "agent", "--router-addr", address]
-    env = {**launcher.env, "AREAL_ADMIN_API_KEY": plan.admin_api_key}
-    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=plan.host, port=plan.port)
-    ginfo: dict[str, Any] = {}
-    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
-
-    def healthy() -> bool:
-        return file_ok() and gateway_healthy(http_url(plan.host, int(ginfo["port"])), proc.pid)
-
-    launcher.wait_all([(proc, gw, healthy)], _left(deadline), "healthy")
-    url = http_url(plan.host, int(ginfo["port"]))
-    launcher.update(gw, port=int(ginfo["port"]), url=url)
-    state["gateway"] = {"host": plan.host, "port": int(ginfo["port"]), "url": url}
-    launcher.save()
 
 
 def worker_env(base: dict[str, str], cwd: str) -> dict[str, str]:
@@ -433,7 +360,7 @@ def _start_pairs(
 ) -> None:
     """Workers in parallel, then their proxies in parallel, then register every pair."""
     state = launcher.state
-    common = ["--log-level", plan.log_level, "--drain-timeout", f"{plan.drain_timeout:g}"]
+    common = _common_args(plan)
     wenv = worker_env(launcher.env, state["cwd"])
     waits, winfos = [], []
     for i in range(plan.num_pairs):
@@ -590,25 +517,6 @@ def _path(p: str):
     from pathlib import Path
 
     return Path(p)
-
-
-def _fail_run(launcher: Launcher, e: BaseException) -> None:
-    """Stop everything this run started, remove its state, and raise the reason."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if launcher.started:
-            progress(f"launch failed: stopping {len(launcher.started)} started component(s)")
-        launcher.abort()
-        st.remove(GROUP, launcher.service)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if isinstance(e, LaunchError):
-        raise CLIError(str(e)) from None
-    if isinstance(e, CLIError):
-        raise e from None
-    if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Interrupted":
-        raise CLIError("run interrupted; everything it started was stopped", code=130) from None
-    raise e
 
 
 def _print_summary(plan: Plan, state: dict[str, Any], took: float) -> None:

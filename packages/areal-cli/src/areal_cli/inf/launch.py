@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,18 +23,19 @@ from areal_cli import engines, supervisor
 from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
-from areal_cli.http import call, error_message, gateway_healthy
+from areal_cli.http import call, error_message
 from areal_cli.launcher import (
     Launcher,
     check_log_level,
-    http_url,
-    monitor_foreground,
+    fail_launch,
     progress,
     resolve_binary,
+    run_service,
     self_identity,
+    start_router_gateway,
     stop_signals,
 )
-from areal_cli.supervisor import Component, LaunchError
+from areal_cli.supervisor import Component
 
 GROUP = "inf"
 ROUTING_STRATEGIES = (
@@ -262,19 +261,6 @@ def proxy_db_path(service: str, proxy: str) -> Path:
     return d / f"{proxy}.sqlite"
 
 
-def router_state_file(service: str) -> Path:
-    """The router's `--state-file` (registrations and session pins survive a router restart)."""
-    return st.run_dir(GROUP, service) / "router-state.json"
-
-
-def start_watchdog(launcher: Launcher, group: str) -> None:
-    """`--detach` with supervision: the watchdog as a recorded component of the service."""
-    argv = [sys.executable, "-m", "areal_cli.watchdog", "--group", group]
-    argv += ["--service", launcher.service, "--instance", launcher.state["instance"]]
-    proc, comp = launcher.spawn("watchdog", "watchdog", argv, env={})
-    launcher.wait_all([(proc, comp, lambda: True)], 5.0)
-
-
 def _engine_port() -> int:
     for _ in range(20):
         port = supervisor.free_port()
@@ -362,18 +348,10 @@ def run(cfg: Config, o: RunOptions) -> int:
     router_bin = resolve_binary(cfg, "router")
     gateway_bin = resolve_binary(cfg, "gateway")
     proxy_bin = resolve_binary(cfg, "proxy") if spec else ""
-    lock = st.Lock(GROUP, service)
-    lock.acquire()
-    try:
-        _clear_existing(service, o.force)
-        if port and supervisor.port_in_use(host, port):
-            raise CLIError(
-                f"port {port} on {host} is already in use: choose another --port "
-                "(or [launch] gateway_port)"
-            )
-        token = secrets.token_urlsafe(32)
-        st.save_secrets(GROUP, service, {"admin_api_key": key, "internal_token": token})
-        state: dict[str, Any] = {
+    opts = {"log_level": log_level, "launch_timeout": timeout}
+
+    def new_state() -> dict[str, Any]:
+        return {
             "version": 1,
             "group": GROUP,
             "service": service,
@@ -393,155 +371,40 @@ def run(cfg: Config, o: RunOptions) -> int:
             "components": {},
             "models": {},
         }
-        launcher = Launcher(GROUP, service, state, {"AREAL_INTERNAL_TOKEN": token})
-        opts = {"log_level": log_level, "launch_timeout": timeout}
-        t0 = time.monotonic()
-        try:
-            with stop_signals():
-                _start_core(launcher, router_bin, gateway_bin, host, port, key, strategy, opts)
-                progress(
-                    f"gateway healthy at {state['gateway']['url']} ({time.monotonic() - t0:.1f}s)"
-                )
-                if spec is not None:
-                    record = start_model(launcher, spec, proxy_bin, opts)
-                    register_with_gateway(state["gateway"]["url"], key, record)
-                    progress(f"model '{spec.name}' registered ({time.monotonic() - t0:.1f}s)")
-                state["phase"] = "running"
-                launcher.save()
-                if o.detach and policy.enabled:
-                    start_watchdog(launcher, GROUP)
-        except BaseException as e:
-            _fail_run(launcher, e)
-            raise  # not reached: _fail_run raises
-    finally:
-        lock.release()
 
-    _print_summary(service, state, key_source, detached=o.detach)
-    if o.detach:
-        return 0
-    return monitor_foreground(
-        GROUP, service, state["instance"], launcher.procs, supervise=policy.enabled
-    )
-
-
-def _clear_existing(service: str, force: bool) -> None:
-    from areal_cli.lifecycle import components, service_status, terminate_components
-
-    old = st.load(GROUP, service)
-    if old is None:
-        return
-    status = service_status(old)
-    if not force:
-        if status in ("running", "degraded", "starting"):
-            url = (old.get("gateway") or {}).get("url") or "-"
-            raise CLIError(
-                f"inf service '{service}' is already {status} (gateway {url}); "
-                f"stop it with `areal inf stop --service {service}` or replace it with --force"
-            )
-        raise CLIError(
-            f"inf service '{service}' has {status} state; clean it with "
-            f"`areal inf stop --service {service}` or start over it with --force"
+    def start(launcher: Launcher) -> None:
+        start_router_gateway(
+            launcher,
+            router_bin=router_bin,
+            gateway_bin=gateway_bin,
+            host=host,
+            port=port,
+            admin_api_key=key,
+            policy=strategy,
+            common_args=["--log-level", log_level],
+            gateway_args=[],
+            timeout=lambda: timeout,
         )
-    comps = list(components(old).values())
-    alive = [c for c in comps if supervisor.group_alive(c)]
-    if alive:
-        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
-    survivors = terminate_components(comps, grace=5.0)
-    if survivors:
-        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
-    st.remove(GROUP, service)
+        if spec is not None:
+            record = start_model(launcher, spec, proxy_bin, opts)
+            register_with_gateway(launcher.state["gateway"]["url"], key, record)
+            progress(f"model '{spec.name}' registered ({launcher.elapsed():.1f}s)")
 
-
-def _start_core(
-    launcher: Launcher,
-    router_bin: str,
-    gateway_bin: str,
-    host: str,
-    port: int,
-    key: str,
-    strategy: str,
-    opts: dict[str, Any],
-) -> None:
-    state = launcher.state
-    ready = launcher.ready_file("router")
-    state_file = router_state_file(launcher.service)
-    if state_file.exists():
-        state_file.unlink()  # a new service starts with an empty registry
-    argv = [
-        router_bin,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--log-level",
-        opts["log_level"],
-        "--policy",
-        strategy,
-        "--state-file",
-        str(state_file),
-    ]
-    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
-    info: dict[str, Any] = {}
-    launcher.wait_all(
-        [(proc, router, Launcher.ready_check(ready, proc.pid, info))], opts["launch_timeout"]
+    return run_service(
+        GROUP,
+        service,
+        force=o.force,
+        host=host,
+        port=port,
+        port_setting="[launch] gateway_port",
+        admin_api_key=key,
+        extra_secrets=None,
+        new_state=new_state,
+        start=start,
+        detach=o.detach,
+        supervise=policy.enabled,
+        summary=lambda launcher: _print_summary(service, launcher.state, key_source, o.detach),
     )
-    address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"
-    launcher.update(router, port=int(info["port"]), address=address)
-    state["router"] = {"address": address}
-    launcher.save()
-
-    ready = launcher.ready_file("gateway")
-    argv = [
-        gateway_bin,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--ready-file",
-        str(ready),
-        "--log-level",
-        opts["log_level"],
-        "--router-addr",
-        address,
-    ]
-    env = {**launcher.env, "AREAL_ADMIN_API_KEY": key}
-    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=host, port=port)
-    ginfo: dict[str, Any] = {}
-    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
-
-    def healthy() -> bool:
-        return file_ok() and gateway_healthy(http_url(host, int(ginfo["port"])), proc.pid)
-
-    launcher.wait_all([(proc, gw, healthy)], opts["launch_timeout"], "healthy")
-    url = http_url(host, int(ginfo["port"]))
-    launcher.update(gw, port=int(ginfo["port"]), url=url)
-    state["gateway"] = {"host": host, "port": int(ginfo["port"]), "url": url}
-    launcher.save()
-
-
-def _fail_run(launcher: Launcher, e: BaseException) -> None:
-    """Stop everything this run started, remove its state, and raise the reason."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if launcher.started:
-            progress(f"launch failed: stopping {len(launcher.started)} started component(s)")
-        launcher.abort()
-        st.remove(GROUP, launcher.service)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    raise _as_cli_error(e, "run") from None
-
-
-def _as_cli_error(e: BaseException, what: str) -> BaseException:
-    if isinstance(e, LaunchError):
-        return CLIError(str(e))
-    if isinstance(e, CLIError):
-        return e
-    if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "Interrupted":
-        return CLIError(f"{what} interrupted; everything it started was stopped", code=130)
-    return e
 
 
 def _print_summary(service: str, state: dict[str, Any], key_source: str, detached: bool) -> None:
@@ -599,30 +462,23 @@ def register(cfg: Config, service: str | None, opts: ModelOptions) -> int:
             "log_level": s.get("log_level", "info"),
             "launch_timeout": float(s.get("launch_timeout", DEFAULT_LAUNCH_TIMEOUT)),
         }
-        t0 = time.monotonic()
         try:
             with stop_signals():
                 record = start_model(launcher, spec, proxy_bin, lopts)
                 register_with_gateway(url, key, record)
                 launcher.save()
         except BaseException as e:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                if launcher.started:
-                    progress(
-                        f"register failed: stopping {len(launcher.started)} started component(s)"
-                    )
-                launcher.abort()
-                s.get("models", {}).pop(spec.name, None)
-                launcher.save()
-            finally:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise _as_cli_error(e, "register") from None
+            fail_launch(launcher, e, "register", lambda: _forget_model(launcher, spec.name))
     print(
         f"model '{spec.name}' registered on inf service '{service}' "
-        f"({record['backend']}, {len(record['replicas'])} replica(s), {time.monotonic() - t0:.1f}s)"
+        f"({record['backend']}, {len(record['replicas'])} replica(s), {launcher.elapsed():.1f}s)"
     )
     return 0
+
+
+def _forget_model(launcher: Launcher, name: str) -> None:
+    launcher.state.get("models", {}).pop(name, None)
+    launcher.save()
 
 
 def deregister(cfg: Config, service: str | None, name: str, grace: float = 10.0) -> int:
