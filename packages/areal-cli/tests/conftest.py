@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +57,44 @@ class Fakes:
             text=True,
             env={**self.env, **(env or {})},
         )
+
+    def pids(self) -> list[int]:
+        """Live stand-in service processes started under this home (seen in their environment)."""
+        marker = f"AREAL_HOME={self.home}".encode()
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if FAKE.name.encode() not in f.read():
+                        continue
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+            out.append(int(d))
+        return out
+
+    def wait_gone(self, timeout: float = 10.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.pids()
+
+    def kill_leftovers(self, timeout: float = 5.0) -> list[int]:
+        """After a test: SIGKILL the stand-ins still running after `timeout`; their pids."""
+        left = self.wait_gone(timeout)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return left
 
 
 def _wrapper(path: Path, role: str) -> None:

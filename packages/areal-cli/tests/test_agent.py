@@ -182,20 +182,17 @@ def agent(fakes, tmp_path):
         "class MyAgent:\n    async def run(self, request, *, emitter):\n        return 'hi'\n"
     )
     env = {k: v for k, v in fakes.env.items() if k != "PYTHONPATH"}
-    a = AgentCLI(fakes.home, proj, env)
-    yield a
-    left = a.wait_gone(5)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    yield AgentCLI(fakes, proj, env)
+    left = fakes.kill_leftovers()
     assert not left, f"processes left behind: {left}"
 
 
 class AgentCLI:
-    def __init__(self, home: Path, cwd: Path, env: dict[str, str]) -> None:
-        self.home, self.cwd, self.env = home, cwd, env
+    """`areal agent ...` run from a project folder, with the stand-ins of `fakes`."""
+
+    def __init__(self, fakes, cwd: Path, env: dict[str, str]) -> None:
+        self.home, self.cwd, self.env = fakes.home, cwd, env
+        self.pids, self.wait_gone = fakes.pids, fakes.wait_gone
 
     def __call__(self, *args: str, env: dict[str, str] | None = None):
         p = subprocess.run(
@@ -207,33 +204,6 @@ class AgentCLI:
             timeout=60,
         )
         return p
-
-    def pids(self) -> list[int]:
-        marker = f"AREAL_HOME={self.home}".encode()
-        out = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if b"fake" not in f.read():
-                        continue
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-            except OSError:
-                continue
-            out.append(int(d))
-        return out
-
-    def wait_gone(self, timeout: float = 10.0) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while self.pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.pids()
 
     def state(self, service: str = "default") -> dict | None:
         p = self.home / "agent" / "services" / f"{service}.json"

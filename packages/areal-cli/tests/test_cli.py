@@ -28,46 +28,19 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def service_pids(home):
-    """Live stand-in service processes started under `home` (seen in their environment)."""
-    marker = f"AREAL_HOME={home}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if b"fake_service" not in f.read():
-                    continue
-            with open(f"/proc/{d}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-        except OSError:
-            continue
-        out.append(int(d))
-    return out
-
-
-def _wait_gone(home, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while service_pids(home) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return service_pids(home)
-
-
 @pytest.fixture
 def clean(fakes):
     yield fakes
-    left = _wait_gone(fakes.home, 5)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left = fakes.kill_leftovers()
     assert not left, f"processes left behind: {left}"
+
+
+MODEL = ("--model", "m", "--model-path", "x")
+
+
+def _run_detached(f, *args: str, env: dict[str, str] | None = None):
+    """`areal inf run --port <a free port> --detach ARGS`."""
+    return f.cli("inf", "run", "--port", str(_port()), "--detach", *args, env=env)
 
 
 def _wait_running(f, service="default", timeout=20.0):
@@ -208,7 +181,7 @@ def test_full_lifecycle_detached(clean):
     r = f.cli("inf", "deregister", "--model-name", "m2")
     assert r.code == 1 and "not registered" in r.err
 
-    r = f.cli("inf", "run", "--port", str(_port()), "--detach")
+    r = _run_detached(f)
     assert r.code == 1 and "already running" in r.err
 
     t0 = time.monotonic()
@@ -216,7 +189,7 @@ def test_full_lifecycle_detached(clean):
     assert r.code == 0, r.err
     assert time.monotonic() - t0 < 5
     assert st.load("inf", "default") is None
-    assert not _wait_gone(f.home, 2)
+    assert not f.wait_gone(2)
     assert f.cli("inf", "ps", "--all", "--json").out.strip() == "[]"
 
 
@@ -249,7 +222,7 @@ def test_foreground_ctrl_c_and_sigterm_tear_down(clean):
         _, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
         assert st.load("inf", "default") is None
-        assert not _wait_gone(f.home, 2)
+        assert not f.wait_gone(2)
 
 
 def test_foreground_component_death_tears_down(clean):
@@ -264,7 +237,7 @@ def test_foreground_component_death_tears_down(clean):
     assert p.returncode == 1
     assert "m-worker-0 died" in err and "service torn down" in err
     assert st.load("inf", "default") is None
-    assert not _wait_gone(f.home, 2)
+    assert not f.wait_gone(2)
 
 
 def test_stop_from_elsewhere_ends_foreground(clean):
@@ -278,21 +251,7 @@ def test_stop_from_elsewhere_ends_foreground(clean):
 
 def test_sigkill_component_shows_degraded(clean):
     f = clean
-    assert (
-        f.cli(
-            "inf",
-            "run",
-            "--port",
-            str(_port()),
-            "--detach",
-            "--model",
-            "m",
-            "--model-path",
-            "x",
-            "--no-supervise",
-        ).code
-        == 0
-    )
+    assert _run_detached(f, *MODEL, "--no-supervise").code == 0
     os.kill(st.load("inf", "default")["components"]["m-data-proxy-0"]["pid"], signal.SIGKILL)
     time.sleep(0.3)
     rows = json.loads(f.cli("inf", "ps", "--json").out)
@@ -308,19 +267,19 @@ def test_killed_foreground_cli_then_force_kills_orphans(clean):
     old = st.load("inf", "default")["components"]
     p.kill()
     p.communicate()
-    assert len(service_pids(f.home)) == 2  # orphans, still recorded
-    r = f.cli("inf", "run", "--port", str(_port()), "--detach")
+    assert len(f.pids()) == 2  # orphans, still recorded
+    r = _run_detached(f)
     assert r.code == 1 and "--force" in r.err
-    r = f.cli("inf", "run", "--port", str(_port()), "--detach", "--force")
+    r = _run_detached(f, "--force")
     assert r.code == 0, r.err
     for c in old.values():
-        assert not os.path.exists(f"/proc/{c['pid']}") or c["pid"] not in service_pids(f.home)
+        assert not os.path.exists(f"/proc/{c['pid']}") or c["pid"] not in f.pids()
     assert f.cli("inf", "stop").code == 0
 
 
 def test_stale_state_shown_by_ps_all_and_cleaned_by_stop(clean):
     f = clean
-    assert f.cli("inf", "run", "--port", str(_port()), "--detach", "--no-supervise").code == 0
+    assert _run_detached(f, "--no-supervise").code == 0
     os.kill(st.load("inf", "default")["components"]["gateway"]["pid"], signal.SIGKILL)
     time.sleep(0.3)
     assert json.loads(f.cli("inf", "ps", "--json").out) == []
@@ -354,7 +313,7 @@ def test_port_in_use_fails_before_starting_anything(clean):
 def test_missing_binary_on_path(clean, tmp_path):
     f = clean
     (f.home / "inf" / "config.toml").unlink()
-    r = f.cli("inf", "run", "--detach", "--port", str(_port()), env={"PATH": str(tmp_path)})
+    r = _run_detached(f, env={"PATH": str(tmp_path)})
     assert r.code == 1 and "areal-router not found on PATH" in r.err
     assert st.load("inf", "default") is None
 
@@ -362,40 +321,17 @@ def test_missing_binary_on_path(clean, tmp_path):
 @pytest.mark.parametrize("role", ["router", "gateway", "proxy"])
 def test_component_crash_at_launch_cleans_up(clean, role):
     f = clean
-    r = f.cli(
-        "inf",
-        "run",
-        "--port",
-        str(_port()),
-        "--detach",
-        "--model",
-        "m",
-        "--model-path",
-        "x",
-        env={"FAKE_CRASH": role},
-    )
+    r = _run_detached(f, *MODEL, env={"FAKE_CRASH": role})
     assert r.code == 1
     assert "failed to start: process exited (code 3)" in r.err
     assert "crashing as asked" in r.err and "log: " in r.err
     assert st.load("inf", "default") is None
-    assert not _wait_gone(f.home, 3)
+    assert not f.wait_gone(3)
 
 
 def test_engine_crash_via_bad_engine_args(clean):
     f = clean
-    r = f.cli(
-        "inf",
-        "run",
-        "--port",
-        str(_port()),
-        "--detach",
-        "--model",
-        "m",
-        "--model-path",
-        "x",
-        "--engine-args",
-        "--no-such-flag 1",
-    )
+    r = _run_detached(f, *MODEL, "--engine-args", "--no-such-flag 1")
     assert r.code == 1
     assert "m-worker-0 failed to start" in r.err and "unrecognized arguments" in r.err
     assert "m-worker-0.log" in r.err
@@ -404,7 +340,7 @@ def test_engine_crash_via_bad_engine_args(clean):
 
 def test_register_failure_keeps_service(clean):
     f = clean
-    assert f.cli("inf", "run", "--port", str(_port()), "--detach").code == 0
+    assert _run_detached(f).code == 0
     r = f.cli(
         "inf", "register", "--model-name", "bad", "--model-path", "x", "--engine-args", "--nope"
     )
@@ -417,55 +353,19 @@ def test_register_failure_keeps_service(clean):
 
 def test_engine_health_timeout(clean):
     f = clean
-    r = f.cli(
-        "inf",
-        "run",
-        "--port",
-        str(_port()),
-        "--detach",
-        "--model",
-        "m",
-        "--model-path",
-        "x",
-        "--model-health-timeout",
-        "0.5",
-        env={"FAKE_ENGINE_DELAY": "30"},
-    )
+    r = _run_detached(f, *MODEL, "--model-health-timeout", "0.5", env={"FAKE_ENGINE_DELAY": "30"})
     assert r.code == 1 and "not healthy after 0.5s" in r.err
     assert st.load("inf", "default") is None
 
 
 def test_gpu_allocation_through_cli(clean):
     f = clean
-    r = f.cli(
-        "inf",
-        "run",
-        "--port",
-        str(_port()),
-        "--detach",
-        "--model",
-        "g",
-        "--model-path",
-        "x",
-        "--backend",
-        "sglang:d2t2",
-        env={"CUDA_VISIBLE_DEVICES": "0,1,2"},
+    gpu_model = ("--model", "g", "--model-path", "x")
+    r = _run_detached(
+        f, *gpu_model, "--backend", "sglang:d2t2", env={"CUDA_VISIBLE_DEVICES": "0,1,2"}
     )
     assert r.code == 1 and "needs 4 GPUs" in r.err
-    r = f.cli(
-        "inf",
-        "run",
-        "--port",
-        str(_port()),
-        "--detach",
-        "--model",
-        "g",
-        "--model-path",
-        "x",
-        "--backend",
-        "sglang:d2",
-        env={"CUDA_VISIBLE_DEVICES": "3,5"},
-    )
+    r = _run_detached(f, *gpu_model, "--backend", "sglang:d2", env={"CUDA_VISIBLE_DEVICES": "3,5"})
     assert r.code == 0, r.err
     s = st.load("inf", "default")
     assert [rep["gpus"] for rep in s["models"]["g"]["replicas"]] == [[3], [5]]
