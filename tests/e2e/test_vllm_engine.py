@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import aiohttp
+import engine_checks as checks
 import pytest
 
 from areal_proxy.engine import EngineError, GenerationRequest
@@ -40,38 +41,16 @@ async def _wait_idle(url: str, within: float = 20) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _start_stream(client, req):
-    got: list = []
-
-    async def consume():
-        async for c in client.generate_stream(req):
-            got.append(c)
-
-    task = asyncio.create_task(consume())
-    while not got and not task.done():
-        await asyncio.sleep(0.02)
-    assert got, task.exception()
-    return task, got
-
-
 async def test_health(client):
     assert await client.health()
 
 
 async def test_greedy_parrot_repeats_last_prompt_token(client, parrot_tokenizer):
-    ids = parrot_tokenizer.encode("hello world").ids
-    out = await client.generate(GenerationRequest(ids, max_new_tokens=6, temperature=0))
-    assert out.token_ids == [ids[-1]] * 6
-    assert out.finish_reason == "length"
-    assert out.prompt_tokens == len(ids)
+    await checks.greedy_parrot_repeats_last_prompt_token(client, parrot_tokenizer)
 
 
 async def test_parrot_stops_at_end_token(client, parrot_tokenizer):
-    end = parrot_tokenizer.token_to_id("<|im_end|>")
-    ids = [*parrot_tokenizer.encode("hi there").ids, end]
-    out = await client.generate(GenerationRequest(ids, max_new_tokens=8, temperature=0))
-    assert out.token_ids == [end]
-    assert out.finish_reason == "stop"
+    ids, end = await checks.parrot_stops_at_end_token(client, parrot_tokenizer)
     chunks = [c async for c in client.generate_stream(GenerationRequest(ids, 8, temperature=0))]
     assert chunks[-1].finish_reason == "stop"
     assert chunks[-1].matched_stop == end
@@ -98,44 +77,22 @@ async def test_engine_rejection_is_an_error_not_an_empty_stream(client, stream):
 
 
 async def test_logprob_for_every_output_token(client):
-    req = GenerationRequest([100, 200, 300], max_new_tokens=7, temperature=0, top_logprobs=3)
-    out = await client.generate(req)
-    assert len(out.token_ids) == len(out.logprobs) == len(out.top_logprobs) == 7
-    assert all(-1e-3 < lp <= 0 for lp in out.logprobs)  # the parrot is near-certain
-    for tok, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
-        assert len(top) == 3
-        assert top[0] == (tok, pytest.approx(lp, abs=1e-6))
-        assert top[0][1] >= top[1][1] >= top[2][1]
+    out = await checks.logprob_for_every_output_token(client)
+    assert all(top[0][1] >= top[1][1] >= top[2][1] for top in out.top_logprobs)
 
 
 async def test_stream_yields_same_tokens_as_non_stream(client, parrot_tokenizer):
-    ids = parrot_tokenizer.encode("the answer is 42").ids
     # vLLM merges the tokens of several steps into one event when its API
     # server falls behind (a loaded 2-core machine): 200 tokens (~0.7 s)
     # keep the check that tokens arrive incrementally meaningful there.
-    req = GenerationRequest(ids, max_new_tokens=200, temperature=0)
-    whole = await client.generate(req)
-    chunks = [c async for c in client.generate_stream(req)]
-    assert len(chunks) > 1, "streaming must deliver tokens incrementally"
-    streamed = collect(chunks)
-    assert streamed.token_ids == whole.token_ids
-    assert streamed.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
-    assert streamed.finish_reason == whole.finish_reason == "length"
+    streamed, whole, ids = await checks.stream_yields_same_tokens_as_non_stream(
+        client, parrot_tokenizer, 200
+    )
     assert streamed.prompt_tokens == whole.prompt_tokens == len(ids)
-    assert chunks[-1].finish_reason == "length"
-    assert all(c.finish_reason is None for c in chunks[:-1])
 
 
 async def test_abort_by_rid_closes_stream_and_engine_stops(client, vllm_engine):
-    req = GenerationRequest(
-        [5, 6, 7], max_new_tokens=2000, temperature=0, ignore_eos=True, rid="abort-me"
-    )
-    task, got = await _start_stream(client, req)
-    await client.abort("abort-me")
-    await asyncio.wait_for(task, 30)
-    out = collect(got)
-    assert out.finish_reason == "abort"
-    assert 0 < len(out.token_ids) < 2000
+    await checks.abort_by_rid_ends_stream_with_abort(client)
     await _wait_idle(vllm_engine.url)  # vLLM aborted it on the disconnect
 
 
@@ -155,7 +112,7 @@ async def test_abort_non_stream_returns_abort(client, vllm_engine):
 
 async def test_pause_aborts_in_flight_and_resume_continues(client):
     req = GenerationRequest([5, 6, 8], max_new_tokens=2000, temperature=0, ignore_eos=True)
-    task, got = await _start_stream(client, req)
+    task, got = await checks.start_stream(client, req)
     await client.pause("abort")
     try:
         await asyncio.wait_for(task, 30)
