@@ -178,12 +178,6 @@ async def test_update_weights_from_disk_swaps_behaviour_and_seed_reproduces(clie
         await fresh.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: areal_proxy.generation.GenerationController.stream labels a chunk with the "
-    "version current when it is read (self.version), not the one of the weights that made "
-    "it: tokens vLLM generated before a weight update but read after it get the new version",
-)
 async def test_tokens_read_after_a_weight_update_keep_their_version(vllm_engine):
     """The proxy's generation controller over VLLMClient, in process so that the reading is
     under control: the stream is not read on while the weights change (as in a proxy behind

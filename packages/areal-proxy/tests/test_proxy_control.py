@@ -328,3 +328,42 @@ async def test_metrics_endpoint_counts_requests_and_tokens():
         assert "areal_proxy_inflight_requests 0.0" in text
     finally:
         await h.close()
+
+
+class _InTransitEngine(FakeEngineClient):
+    """Makes a request's whole output as soon as it is sent: the chunks are then in transit,
+    read whenever the proxy gets to them, even after a pause and a weight update."""
+
+    async def generate_stream(self, req):  # type: ignore[override]
+        made = [c async for c in super().generate_stream(req)]
+        for chunk in made:
+            yield chunk
+
+    async def generate(self, req):  # type: ignore[override]
+        result = await super().generate(req)
+        await asyncio.sleep(0.1)  # the answer is on its way
+        return result
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_tokens_read_after_a_weight_update_keep_the_version_that_made_them(stream):
+    from areal_proxy.engine.base import GenerationRequest
+    from areal_proxy.generation import GenerationController
+
+    engine = _InTransitEngine(SEQ)
+    controller = GenerationController(engine)
+    rec = controller.start([1, 2, 3], 10)
+    template = GenerationRequest(input_ids=[1, 2, 3], max_new_tokens=10)
+    if stream:
+        steps = controller.stream(rec, template)
+        await steps.__anext__()  # one token read; the engine has made all ten
+        assert await controller.update_weights("/new/weights") == 1
+        async for _ in steps:
+            pass
+    else:
+        task = asyncio.create_task(controller.generate(rec, template))
+        await wait_for(lambda: engine.tokens_sent == 10)  # made; the answer not yet read
+        assert await controller.update_weights("/new/weights") == 1
+        await task
+    assert rec.token_ids == SEQ[:10] and rec.versions == [0] * 10
+    controller.finish(rec)

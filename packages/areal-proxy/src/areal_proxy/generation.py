@@ -101,7 +101,6 @@ class GenerationController:
         self._running = asyncio.Event()
         self._running.set()
         self._pause_epoch = 0
-        self._pause_version = version
         self._control = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         # Called once per finished request (metrics now; the RL recording layer later).
@@ -156,7 +155,6 @@ class GenerationController:
             return
         self._paused = True
         self._pause_epoch += 1
-        self._pause_version = self.version
         self._running.clear()
         try:
             pause = getattr(self.engine, "pause", None)
@@ -240,6 +238,9 @@ class GenerationController:
                 yield Step([], [], [], "length")
                 return
             epoch = self._pause_epoch
+            # Weights change only while paused, and a pause ends every attempt: all tokens of
+            # this attempt come from the weights current now, however late they are read.
+            version = self.version
             req = self._attempt(rec, template)
             resubmit = False
             async with aclosing(self.engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
@@ -250,7 +251,6 @@ class GenerationController:
                         ids, lps, tops = _aligned(ids, lps, tops, want_tops)
                     elif not want_tops:
                         tops = []
-                    version = self._pause_version if by_pause else self.version
                     rec.add(ids, lps, tops, version)
                     if by_pause:
                         if ids:
@@ -277,10 +277,11 @@ class GenerationController:
                 rec.finish_reason = "length"
                 return
             epoch = self._pause_epoch
+            version = self.version  # as in stream(): the attempt's weights
             res = await self.engine.generate(self._attempt(rec, template))
             by_pause = self._by_pause(res.finish_reason, epoch)
             ids, lps, tops = _aligned(res.token_ids, res.logprobs, res.top_logprobs, want_tops)
-            rec.add(ids, lps, tops, self._pause_version if by_pause else self.version)
+            rec.add(ids, lps, tops, version)
             if not by_pause:
                 rec.finish_reason = res.finish_reason
                 rec.matched_stop = getattr(res, "matched_stop", None)
