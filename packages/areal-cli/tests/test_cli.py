@@ -407,3 +407,19 @@ def test_a_port_served_by_someone_else_is_not_our_gateway():
         assert gateway_healthy(url, 1)
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("group", ["inf", "agent"])
+def test_blank_service_and_negative_grace_are_refused_alike(fakes, group):
+    # `--service "$SVC"` with SVC unset must not quietly act on the default service.
+    for argv in (
+        ("status", "--service", ""),
+        ("logs", "--service", " ", "--component", "gateway"),
+        ("stop", "--service", ""),
+        ("stop", "--grace-period", "-1"),
+        ("stop", "--grace", "-1"),
+    ):
+        r = fakes.cli(group, *argv)
+        assert r.code == 2, (argv, r.out, r.err)
+        assert "Traceback" not in r.err
+        assert "--service" in r.err or "--grace-period" in r.err, r.err

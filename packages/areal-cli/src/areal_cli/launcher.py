@@ -253,14 +253,13 @@ def run_service(
     detach: bool,
     supervise: bool,
     summary: Callable[[Launcher], None],
-    failed_label: str = "run",
 ) -> int:
     """`areal <group> run` around its group's `start`: under the service lock clear the
     old state, save the secrets and `start` the components; then mark the service
     running, print the summary and return (`detach`) or watch it in the foreground.
 
     A launch that fails or is interrupted stops everything it started and leaves no
-    state; its progress line says "<failed_label> failed". `new_state` is called once
+    state; its progress line says "run failed". `new_state` is called once
     the old state is gone, so `created_at` is now.
     """
     lock = st.Lock(group, service)
@@ -284,9 +283,7 @@ def run_service(
                 if detach and supervise:
                     start_watchdog(launcher)
         except BaseException as e:
-            fail_launch(
-                launcher, e, "run", lambda: st.remove(group, service), failed_label=failed_label
-            )
+            fail_launch(launcher, e, "run", lambda: st.remove(group, service))
     finally:
         lock.release()
     summary(launcher)
@@ -394,17 +391,13 @@ def fail_launch(
     e: BaseException,
     what: str,
     forget: Callable[[], None],
-    *,
-    failed_label: str | None = None,
 ) -> NoReturn:
     """Stop everything `what` (run, register) started, `forget` it in the state, raise why."""
     # A second Ctrl-C must not cut the cleanup short and leave processes behind.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if launcher.started:
-            progress(
-                f"{failed_label or what} failed: stopping {len(launcher.started)} started component(s)"
-            )
+            progress(f"{what} failed: stopping {len(launcher.started)} started component(s)")
         launcher.abort()
         forget()
     finally:

@@ -74,22 +74,16 @@ def add_lifecycle_commands(
     status_help: str,
     component_help: str,
     stop_help: str,
-    grace_flags: tuple[str, ...],
-    blank_service_is_default: bool,
-    reject_negative_grace: bool,
 ) -> None:
     """Add ps / status / logs / stop to `app` (after the group's own commands: help lists
-    them in the order they were added).
-
-    The last three settings keep each group's flags and edge cases as released:
-    `grace_flags` orders the names shown for --grace; with `blank_service_is_default`
-    status and logs treat `--service ""` like no --service (else it is an invalid
-    name); with `reject_negative_grace` stop refuses a negative grace period.
-    """
+    them in the order they were added)."""
     service_opt = typer.Option("--service", help=service_help)
 
     def service_name(ctx: typer.Context, service: str | None) -> str:
-        if service or (service is not None and not blank_service_is_default):
+        if service is not None:
+            # `--service "$SVC"` with SVC unset must not quietly mean the default service.
+            if not service.strip():
+                raise typer.BadParameter("must not be empty", param_hint="--service")
             return service
         return load_config(group, ctx).get("default", "service") or "default"
 
@@ -142,7 +136,11 @@ def add_lifecycle_commands(
         force: Annotated[bool, typer.Option("--force", help="SIGKILL at once.")] = False,
         grace: Annotated[
             float | None,
-            typer.Option(*grace_flags, help="Seconds between SIGTERM and SIGKILL [default: 10]."),
+            typer.Option(
+                "--grace-period",
+                "--grace",
+                help="Seconds between SIGTERM and SIGKILL [default: 10].",
+            ),
         ] = None,
         keep_state: Annotated[
             bool, typer.Option("--keep-state", help="Stop the processes but keep <service>.json.")
@@ -150,9 +148,9 @@ def add_lifecycle_commands(
     ) -> None:
         from areal_cli import lifecycle
 
+        name = service_name(ctx, service)
         cfg = load_config(group, ctx)
-        name = service or cfg.get("default", "service") or "default"
         g = float(cfg.pick(grace, "stop", "grace_period", lifecycle.DEFAULT_GRACE))
-        if reject_negative_grace and g < 0:
-            raise typer.BadParameter("must be 0 or more", param_hint="--grace")
+        if g < 0:
+            raise typer.BadParameter("must be 0 or more", param_hint="--grace-period")
         raise typer.Exit(lifecycle.stop(group, name, force=force, grace=g, keep_state=keep_state))

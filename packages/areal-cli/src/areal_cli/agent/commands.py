@@ -122,7 +122,4 @@ sc.add_lifecycle_commands(
     status_help="Per-component state: gateway, router and each pair's worker + proxy.",
     component_help="gateway, router, worker-<i>, proxy-<i>.",
     stop_help="Stop every component and remove the state.",
-    grace_flags=("--grace-period", "--grace"),
-    blank_service_is_default=True,
-    reject_negative_grace=False,
 )

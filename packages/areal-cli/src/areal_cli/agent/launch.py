@@ -299,7 +299,6 @@ def run(cfg: Config, o: RunOptions) -> int:
         detach=True,
         supervise=bool((plan.supervision or {}).get("enabled")),
         summary=lambda launcher: _print_summary(plan, launcher.state, launcher.elapsed()),
-        failed_label="launch",
     )
 
 

@@ -162,7 +162,4 @@ sc.add_lifecycle_commands(
     status_help="Per-component state of one service (gateway, router, workers, data proxies).",
     component_help="gateway, router, <model>-worker-<i>, <model>-data-proxy-<i>.",
     stop_help="Stop every component (proxies, engines, gateway, router) and remove the state.",
-    grace_flags=("--grace", "--grace-period"),
-    blank_service_is_default=False,
-    reject_negative_grace=True,
 )
