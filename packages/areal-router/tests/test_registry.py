@@ -130,17 +130,14 @@ def test_snapshot_round_trip():
 async def test_state_store_writes_0600_after_changes_and_loads(tmp_path):
     path = tmp_path / "sub" / "router-state.json"
     reg = Registry()
-    store = StateStore(path, reg, debounce=0.01)
+    store = StateStore(path, reg)
     assert not store.load()
     reg.add_model(ModelState(name="m"))
-    store.mark_dirty()
-    store.mark_dirty()  # debounced: one write
-    for _ in range(1000):  # up to 10 s on a loaded machine
-        if path.exists():
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.gather(store.flush(), store.flush())  # on disk when either returns
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not store.dirty
     reg.upsert_proxy("p", "127.0.0.1:1", "m")
+    assert store.dirty
     await store.close()
     again = Registry()
     assert StateStore(path, again).load()

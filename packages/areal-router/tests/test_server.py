@@ -460,7 +460,8 @@ async def test_state_file_restores_registrations_and_pins(tmp_path):
         bound = await h.stub.BindSession(
             router_pb2.BindSessionRequest(session_ids=["s0", "s1"], model="m")
         )
-        await eventually(lambda: state.exists(), what="state file")
+        # Acknowledged means on disk: a router killed now restarts with these pins.
+        assert json.loads(state.read_text())["pins"] == {"s0": bound.proxy_id, "s1": bound.proxy_id}
     finally:
         fakes = h.fakes
         await stop_router(h)  # stops the fakes too

@@ -418,15 +418,14 @@ class Registry:
 
 
 class StateStore:
-    """Writes the registry to `path` (atomic, 0600) shortly after each change."""
+    """Writes the registry to `path` (atomic, 0600); `flush` after each change, before the
+    change is acknowledged. Concurrent flushes share writes: one runs at a time, and the next
+    writes everything changed meanwhile."""
 
-    def __init__(self, path: str | Path, registry: Registry, *, debounce: float = 0.05) -> None:
+    def __init__(self, path: str | Path, registry: Registry) -> None:
         self.path = Path(path)
         self.registry = registry
-        self.debounce = debounce
         self._saved_generation = -1
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     def load(self) -> bool:
@@ -450,23 +449,8 @@ class StateStore:
     def dirty(self) -> bool:
         return self.registry.generation != self._saved_generation
 
-    def mark_dirty(self) -> None:
-        """Schedule a write (debounced); call after every change."""
-        if self._timer is not None or not self.dirty:
-            return
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.debounce, self._start_write)
-
-    def _start_write(self) -> None:
-        self._timer = None
-        self._task = asyncio.get_running_loop().create_task(self.flush())
-        self._task.add_done_callback(_log_task_error)
-
     async def flush(self) -> None:
-        """Write now if anything changed since the last write."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """Return once every change made before the call is on disk."""
         async with self._lock:
             if not self.dirty:
                 return
@@ -477,14 +461,4 @@ class StateStore:
             log.debug("state: wrote %s (%d bytes)", self.path, len(data))
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         await self.flush()
-        if self._task is not None and not self._task.done():
-            await self._task
-
-
-def _log_task_error(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("state: write failed: %s", task.exception())

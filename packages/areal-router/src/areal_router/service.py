@@ -52,9 +52,13 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         self.metrics = metrics
         self.store = store
 
-    def _changed(self) -> None:
+    async def _changed(self) -> None:
+        """A registration or pin changed: it is on disk before the caller hears of it, so a
+        router killed right after answering restarts knowing what it acknowledged (a session
+        it pinned, then forgot, would be exported as unknown). Concurrent changes share one
+        write (StateStore.flush holds a lock; whoever writes next writes them all)."""
         if self.store is not None:
-            self.store.mark_dirty()
+            await self.store.flush()
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
         try:
@@ -77,11 +81,12 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             if moved:
                 self.router.forget_proxies([state.proxy_id])
                 self.poller.watch(state.proxy_id)
-            self._changed()
             log.info("registered proxy %s at %s for model %s", p.proxy_id, p.address, p.model)
             return moved
 
-        if await self._call(context, do):
+        moved = await self._call(context, do)
+        await self._changed()
+        if moved:
             # A proxy is routable once a poll says so: answer after that first poll
             # (bounded), so a caller that registers and then routes finds it ready.
             await self.poller.wait_first_poll([p.proxy_id], self.poller.timeout + 0.5)
@@ -94,7 +99,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         if existed:
             self.poller.unwatch(request.proxy_id)
             self.router.forget_proxies([request.proxy_id])
-            self._changed()
+            await self._changed()
             log.info("deregistered proxy %s", request.proxy_id)
         return router_pb2.DeregisterProxyResponse(existed=existed)
 
@@ -116,7 +121,6 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                     created_unix_s=m.created_unix_s,
                 )
             )
-            self._changed()
             log.info(
                 "registered model %s (%s%s)",
                 m.name,
@@ -125,6 +129,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             )
 
         await self._call(context, do)
+        await self._changed()
         return router_pb2.RegisterModelResponse()
 
     async def DeregisterModel(
@@ -136,7 +141,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                 self.poller.unwatch(pid)
             self.router.forget_proxies(proxy_ids)
             self.router.forget_model(request.name)
-            self._changed()
+            await self._changed()
             log.info("deregistered model %s and proxies %s", request.name, proxy_ids)
         return router_pb2.DeregisterModelResponse(existed=existed, proxy_ids=proxy_ids)
 
@@ -165,7 +170,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             await abort(context, err)
             raise
         if decision.pinned:
-            self._changed()
+            await self._changed()
         proxy = decision.proxy
         response = router_pb2.RouteResponse(
             proxy_id=proxy.proxy_id if proxy else "",
@@ -212,7 +217,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             await abort(context, err)
             raise
         self.metrics.binds.labels("bound").inc()
-        self._changed()
+        await self._changed()
         log.debug("pinned %d sessions to %s", len(request.session_ids), proxy.proxy_id)
         return router_pb2.BindSessionResponse(proxy_id=proxy.proxy_id, address=proxy.address)
 
@@ -221,7 +226,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     ) -> router_pb2.ReleaseSessionResponse:
         released = self.router.release(request.session_ids)
         if released:
-            self._changed()
+            await self._changed()
         return router_pb2.ReleaseSessionResponse(released=released)
 
     # -- listings -------------------------------------------------------
