@@ -339,6 +339,10 @@ async def test_sessions_bind_route_fail_fast_and_release(router: Harness):
     err = await rpc_error(router.stub.Route(router_pb2.RouteRequest(model="m", session_id="h-0")))
     assert err.code() == grpc.StatusCode.UNAVAILABLE
     assert "h-0" in (err.details() or "")
+    # Where the session lives (rewards, exports: no model) is still answered: its records are
+    # there, and reading them needs no engine.
+    where = await router.stub.Route(router_pb2.RouteRequest(session_id="h-0"))
+    assert where.proxy_id == "m-0" and where.address == a.address
     released = await router.stub.ReleaseSession(
         router_pb2.ReleaseSessionRequest(session_ids=["h-0", "g-0", "g-1", "zz"])
     )

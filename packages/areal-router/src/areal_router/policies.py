@@ -277,8 +277,10 @@ class Router:
                 param="policy",
             )
         if not model_name and session_id:
-            # "Where does this session live?" (rewards, exports): the pin decides, and the
-            # model is the pinned proxy's.
+            # "Where does this session live?" (rewards, exports): the pin decides, whatever
+            # the proxy's health. Its records are there and nowhere else; an engine that is
+            # down does not stop them being read, and a proxy that is down answers for
+            # itself (the caller's call fails as unreachable).
             pid = self.registry.pins.get(session_id)
             proxy_state = self.registry.proxies.get(pid) if pid is not None else None
             if proxy_state is None:
@@ -287,9 +289,8 @@ class Router:
                     f"session {session_id!r} is not known to the router",
                     code="session_not_found",
                 )
-            model = self._model(proxy_state.model)
-        else:
-            model = self._model(model_name)
+            return Decision(self._model(proxy_state.model), proxy_state, policy_name)
+        model = self._model(model_name)
         if model.kind == EXTERNAL:
             return Decision(model, None, policy_name)
         if session_id:
