@@ -53,6 +53,42 @@ def test_terminate_kills_after_grace_and_whole_group(tmp_path):
     assert not supervisor.group_alive(comp)
 
 
+def test_sigterm_goes_to_the_leader_first_then_to_what_it_left(tmp_path):
+    # The leader stops its first child itself (as an engine does) and leaves a second one
+    # behind. Only the leader hears SIGTERM from us at first; the one left behind gets it as
+    # soon as the leader is gone, well before the grace period ends.
+    marks = tmp_path / "marks"
+    child = (
+        "import signal, sys, time\n"
+        "def term(*_):\n"
+        f"    open({str(marks)!r}, 'a').write(sys.argv[1] + ' TERM\\n'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    leader = (
+        "import signal, subprocess, sys, time\n"
+        f"kids = [subprocess.Popen([sys.executable, '-c', {child!r}, n, {str(tmp_path)!r} + '/up-' + n])"
+        " for n in ('managed', 'left')]\n"
+        "def term(*_):\n"
+        "    time.sleep(0.3)  # drains first, as an engine does\n"
+        "    kids[0].send_signal(signal.SIGUSR1); kids[0].wait(); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "time.sleep(60)\n"
+    )
+    proc, comp = _sleeper(tmp_path, "engine-like", leader)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"up-{n}").exists() for n in ("managed", "left")):
+        assert time.monotonic() < deadline, "children did not start"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    supervisor.terminate([[comp]], grace=10, procs={proc.pid: proc})
+    assert time.monotonic() - t0 < 5
+    assert not supervisor.group_alive(comp)
+    assert marks.read_text().split("\n")[:-1] == ["left TERM"]
+
+
 def test_tiers_share_one_grace_period(tmp_path):
     comps, procs = [], {}
     for i in range(4):

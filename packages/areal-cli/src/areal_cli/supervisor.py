@@ -222,6 +222,20 @@ def _signal_group(comp: Component, sig: int) -> bool:
     return True
 
 
+def _signal_leader(comp: Component, sig: int) -> bool:
+    """Signal the component's leader process if it is still ours (else its group, as
+    `_signal_group` decides)."""
+    if comp.pid <= 0 or comp.pid == os.getpid():
+        return False
+    if not comp.alive():
+        return _signal_group(comp, sig)
+    try:
+        os.kill(comp.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def group_alive(comp: Component) -> bool:
     if comp.alive():
         return True
@@ -273,25 +287,39 @@ def terminate(
     tiers = [list(t) for t in groups]
     deadline = time.monotonic() + grace
     for tier in tiers:
-        sig = signal.SIGKILL if force else signal.SIGTERM
-        for comp in tier:
-            _signal_group(comp, sig)
         # Tiers share one grace period, but a late tier still gets a moment
         # to exit cleanly before SIGKILL.
-        _wait_gone(tier, procs, max(deadline, time.monotonic() + min(grace, 1.0)))
+        tier_deadline = max(deadline, time.monotonic() + min(grace, 1.0))
+        if not force:
+            # The leader first: a program that manages its children (an engine) stops them
+            # itself, where SIGTERM to the whole group reads to it as a child crashing
+            # (SGLang then logs crashes and waits 5 s for diagnostics). What a leader
+            # leaves behind gets SIGTERM as soon as the leader is gone.
+            for comp in tier:
+                _signal_leader(comp, signal.SIGTERM)
+            _wait_gone(tier, procs, tier_deadline, alive=Component.alive)
+            for comp in tier:
+                if group_alive(comp):
+                    _signal_group(comp, signal.SIGTERM)
+            _wait_gone(tier, procs, tier_deadline)
         for comp in tier:
             if group_alive(comp):
                 _signal_group(comp, signal.SIGKILL)
         _wait_gone(tier, procs, time.monotonic() + 5)
 
 
-def _wait_gone(tier: list[Component], procs: dict[int, subprocess.Popen], deadline: float) -> None:
+def _wait_gone(
+    tier: list[Component],
+    procs: dict[int, subprocess.Popen],
+    deadline: float,
+    alive: Callable[[Component], bool] = group_alive,
+) -> None:
     interval = 0.01
     while True:
         for comp in tier:
             if (p := procs.get(comp.pid)) is not None:
                 p.poll()  # reap our own child so it stops being a zombie
-        if not any(group_alive(c) for c in tier) or time.monotonic() >= deadline:
+        if not any(alive(c) for c in tier) or time.monotonic() >= deadline:
             return
         time.sleep(interval)
         interval = min(0.1, interval * 2)
