@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from areal_cli import supervisor
+
 ROOT = Path(__file__).resolve().parents[1]
 PARROT = ROOT / "models" / "tiny-parrot"
 MODEL = "tiny-parrot"
@@ -66,22 +68,7 @@ class Areal:
         return json.loads((self.home / group / "services" / "default.json").read_text())
 
     def processes(self) -> list[int]:
-        marker = f"AREAL_HOME={self.home}".encode()
-        found = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-            except OSError:
-                continue
-            found.append(int(d))
-        return found
+        return supervisor.processes_with_env(f"AREAL_HOME={self.home}")
 
 
 def pgid_alive(pgid: int) -> bool:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_cli import supervisor
+
 ROOT = Path(__file__).resolve().parents[2]
 PARROT = ROOT / "models" / "tiny-parrot"
 BIN = Path(sys.executable).parent
@@ -100,27 +102,11 @@ class Areal:
         )
 
     def processes(self) -> list[int]:
-        """Live processes started under this AREAL_HOME (it is in their environment)."""
-        marker = f"AREAL_HOME={self.home}".encode()
-        me = os.getpid()
-        found = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == me:
-                continue
-            try:
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if b"areal_cli.main" in f.read():
-                        continue  # the CLI itself (a foreground run under test)
-            except OSError:
-                continue
-            found.append(int(d))
-        return found
+        """Live processes started under this AREAL_HOME (it is in their environment), but
+        not the CLI itself (a foreground run under test)."""
+        return supervisor.processes_with_env(
+            f"AREAL_HOME={self.home}", cmdline=lambda argv: b"areal_cli.main" not in argv
+        )
 
     def wait_no_processes(self, timeout: float = 15.0) -> list[int]:
         deadline = time.monotonic() + timeout

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_cli import supervisor
+
 FAKE = Path(__file__).parent / "fakes" / "fake_service.py"
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,25 +62,10 @@ class Fakes:
 
     def pids(self) -> list[int]:
         """Live stand-in service processes started under this home (seen in their environment)."""
-        marker = f"AREAL_HOME={self.home}".encode()
-        out = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if FAKE.name.encode() not in f.read():
-                        continue
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-            except OSError:
-                continue
-            out.append(int(d))
-        return out
+        name = FAKE.name.encode()
+        return supervisor.processes_with_env(
+            f"AREAL_HOME={self.home}", cmdline=lambda argv: name in argv
+        )
 
     def wait_gone(self, timeout: float = 10.0) -> list[int]:
         deadline = time.monotonic() + timeout

@@ -148,3 +148,25 @@ def test_signal_own_pid_is_refused():
         "me", os.getpid(), os.getpgid(0), supervisor.proc_start_time(os.getpid()) or 0, [], ""
     )
     assert supervisor._signal_group(me, signal.SIGTERM) is False
+
+
+def test_processes_with_env_finds_what_carries_the_marker(tmp_path):
+    entry = f"AREAL_HOME={tmp_path}"
+    proc, comp = supervisor.spawn(
+        "marked",
+        [sys.executable, "-c", "import time; time.sleep(60)", "marked-sleeper"],
+        tmp_path / "marked.log",
+        env={**os.environ, "AREAL_HOME": str(tmp_path)},
+    )
+    other, other_comp = _sleeper(tmp_path, "unmarked")
+    try:
+        assert supervisor.processes_with_env(entry) == [proc.pid]
+        assert supervisor.processes_with_env(entry, cmdline=lambda a: b"marked-sleeper" in a) == [
+            proc.pid
+        ]
+        assert supervisor.processes_with_env(entry, cmdline=lambda a: b"nope" in a) == []
+    finally:
+        supervisor.terminate(
+            [[comp, other_comp]], grace=2, procs={proc.pid: proc, other.pid: other}
+        )
+    assert supervisor.processes_with_env(entry) == []

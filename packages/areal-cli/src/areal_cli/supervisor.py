@@ -270,6 +270,34 @@ def _live_group_member(pgid: int) -> bool:
     return False
 
 
+def processes_with_env(entry: str, *, cmdline: Callable[[bytes], bool] | None = None) -> list[int]:
+    """Live processes (zombies aside, this one aside) whose environment holds `entry`
+    (`NAME=value`) and, if given, whose command line `cmdline` accepts. Everything the CLI
+    starts under an AREAL_HOME carries `AREAL_HOME=<home>`, so this finds what a service
+    left behind whatever its process group."""
+    marker = entry.encode()
+    me = os.getpid()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            if cmdline is not None:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if not cmdline(f.read()):
+                        continue
+        except OSError:
+            continue
+        found.append(int(d))
+    return found
+
+
 def terminate(
     groups: Iterable[Iterable[Component]],
     *,
