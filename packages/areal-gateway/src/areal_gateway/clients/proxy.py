@@ -193,10 +193,6 @@ def _frame_size(frame: proxy_pb2.GenerateFrame) -> int:
     return len(frame.request.body)
 
 
-class _Legacy(Exception):
-    """The proxy has no `Generate` (an older proxy): use one call per request."""
-
-
 class ProxyClient:
     """The OpenAI calls of one data proxy, on one reused channel.
 
@@ -217,13 +213,13 @@ class ProxyClient:
         self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
         self._md = tuple(md)
         self._mux: GenerateStream | None = None
-        self._opening: asyncio.Future[GenerateStream] | None = None
+        self._opening: asyncio.Future[GenerateStream | None] | None = None
         # One call per request: asked for (--no-proxy-streams), or the proxy has no Generate.
         self._legacy = not streams
 
     # -- the multiplexed stream --
 
-    async def _open(self) -> GenerateStream:
+    async def _open(self) -> GenerateStream | None:
         call = self._stub.Generate(metadata=self._md)
         try:
             # The proxy answers with its initial metadata as soon as the stream is open.
@@ -235,7 +231,7 @@ class ProxyClient:
             code = await call.code()
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 self._legacy = True
-                raise _Legacy()
+                return None
             if code == grpc.StatusCode.OK:
                 raise ProxyUnreachable(self.address, "it is closing its streams")
             exc = grpc.aio.AioRpcError(
@@ -248,7 +244,10 @@ class ProxyClient:
         stream = self._mux = GenerateStream(call, self.address)
         return stream
 
-    async def _stream(self, deadline: float) -> GenerateStream:
+    async def _stream(self, deadline: float) -> GenerateStream | None:
+        """The open stream (opened now if need be), or None: one call per request."""
+        if self._legacy:
+            return None
         stream = self._mux
         if stream is not None and stream.alive:
             return stream
@@ -265,12 +264,9 @@ class ProxyClient:
     async def _whole(
         self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> bytes:
-        if self._legacy:
-            return await self._unary(method, request, timeout_s)
         deadline = _deadline(timeout_s)
-        try:
-            stream = await self._stream(deadline)
-        except _Legacy:
+        stream = await self._stream(deadline)
+        if stream is None:
             return await self._unary(method, request, timeout_s)
         rid, waiter = stream.submit(kind, request)
         done = False
@@ -291,14 +287,9 @@ class ProxyClient:
     async def _chunks(
         self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
-        if self._legacy:
-            async for part in self._call_stream(method, request, timeout_s):
-                yield part
-            return
         deadline = _deadline(timeout_s)
-        try:
-            stream = await self._stream(deadline)
-        except _Legacy:
+        stream = await self._stream(deadline)
+        if stream is None:
             async for part in self._call_stream(method, request, timeout_s):
                 yield part
             return
