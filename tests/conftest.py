@@ -6,13 +6,14 @@ The SGLang engine is started once per test session (it takes ~25 s and
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from testpaths import PARROT, RANDOM, ROOT  # noqa: F401 - re-exported for older imports
+from testpaths import PARROT, RANDOM, ROOT, VLLM_TEST_CONTEXT  # noqa: F401 - re-exported for older imports
 
 from areal_cli import engines, supervisor
 
@@ -35,10 +36,25 @@ ENGINE_KINDS = {
 }
 
 
+TEST_ENGINE_OVERRIDES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "sglang": ([], {}),
+    "vllm": (
+        [
+            "--max-model-len",
+            str(VLLM_TEST_CONTEXT),
+            "--hf-overrides",
+            json.dumps({"max_position_embeddings": VLLM_TEST_CONTEXT}),
+        ],
+        {},
+    ),
+}
+
+
 def start_engine(
     log_dir: Path, model_path: Path, name: str, kind: str = "sglang"
 ) -> tuple[Engine, object]:
     cpu_args, suffix = ENGINE_KINDS[kind]
+    more_args, more_env = TEST_ENGINE_OVERRIDES[kind]
     python = engines.resolve_python(kind)
     port = supervisor.free_port()
     launch = engines.engine_launch(
@@ -48,10 +64,11 @@ def start_engine(
         served_name=name,
         host="127.0.0.1",
         port=port,
-        extra_args=cpu_args.split(),
+        extra_args=cpu_args.split() + more_args,
     )
     log = log_dir / f"{name}-{suffix}.log"
-    proc, comp = supervisor.spawn(f"{name}-{suffix}", launch.argv, log, env=launch.env)
+    env = {**launch.env, **more_env}
+    proc, comp = supervisor.spawn(f"{name}-{suffix}", launch.argv, log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         supervisor.wait_ready(
@@ -96,7 +113,8 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
     Skipped when no vLLM engine is installed (`scripts/install-engine.sh
     vllm`), unless AREAL_TEST_REQUIRE_VLLM=1. AREAL_TEST_VLLM_URL may name a
-    running vLLM parrot engine (started with VLLM_SERVER_DEV_MODE=1).
+    running vLLM parrot engine (started with VLLM_SERVER_DEV_MODE=1 and the context
+    TEST_ENGINE_OVERRIDES gives it).
     """
     from areal_cli.errors import CLIError
 

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 from stack import ADMIN_KEY, start_stack, wait_healthy, workers
-from testpaths import PARROT, RANDOM
+from testpaths import PARROT, RANDOM, VLLM_TEST_CONTEXT
 
 from areal_proxy.engine import EngineError, GenerationRequest
 from areal_proxy.engine.base import collect
@@ -23,6 +23,9 @@ from areal_proxy.engine.vllm import VLLMClient
 from areal_proxy.generation import GenerationController
 
 pytestmark = pytest.mark.engine
+
+# A generation that would run for about a minute: the ones a test aborts.
+LONG = VLLM_TEST_CONTEXT - 100
 
 
 @pytest.fixture
@@ -42,6 +45,19 @@ async def _metric(url: str, name: str) -> float:
 async def _running(url: str) -> float:
     """vLLM's own count of requests it is generating for."""
     return await _metric(url, "vllm:num_requests_running")
+
+
+async def _settled(url: str, name: str, within: float = 60) -> float:
+    """A counter of vLLM's once nothing runs and it has not moved for a second."""
+    deadline = time.monotonic() + within
+    last = await _metric(url, name)
+    while True:
+        assert time.monotonic() < deadline, f"{name} still moving"
+        await asyncio.sleep(1)
+        now = await _metric(url, name)
+        if now == last and await _running(url) == 0:
+            return now
+        last = now
 
 
 async def _wait_idle(url: str, within: float = 20) -> None:
@@ -76,7 +92,7 @@ async def test_stop_token_ids_end_generation_with_the_token(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_engine_rejection_is_an_error_not_an_empty_stream(client, stream):
-    req = GenerationRequest([1, 2, 3], max_new_tokens=5000, temperature=0)
+    req = GenerationRequest([1, 2, 3], max_new_tokens=VLLM_TEST_CONTEXT + 1, temperature=0)
     with pytest.raises(EngineError, match="max_model_len") as info:
         if stream:
             async for _ in client.generate_stream(req):
@@ -102,33 +118,40 @@ async def test_stream_yields_same_tokens_as_non_stream(client, parrot_tokenizer)
 
 
 async def test_abort_by_rid_closes_stream_and_engine_stops(client, vllm_engine):
-    await checks.abort_by_rid_ends_stream_with_abort(client)
-    await _wait_idle(vllm_engine.url)  # vLLM aborted it on the disconnect
+    before = await _metric(vllm_engine.url, "vllm:generation_tokens_total")
+    await checks.abort_by_rid_ends_stream_with_abort(client, LONG)
+    generated = await _settled(vllm_engine.url, "vllm:generation_tokens_total") - before
+    assert 0 < generated < LONG, f"{generated} tokens: closing the stream did not abort it"
 
 
 async def test_abort_non_stream_returns_abort(client, vllm_engine):
-    req = GenerationRequest([5, 6, 7], 2000, temperature=0, ignore_eos=True, rid="abort-whole")
+    # vLLM's /metrics can stall for the whole of a generation on this CPU, so rather than
+    # polling for "running" the test gives the request a second and checks the engine's
+    # token count: some generated, far short of LONG.
+    url = vllm_engine.url
+    await _wait_idle(url)
+    before = await _metric(url, "vllm:generation_tokens_total")
+    req = GenerationRequest([5, 6, 7], LONG, temperature=0, ignore_eos=True, rid="abort-whole")
     task = asyncio.create_task(client.generate(req))
-    deadline = time.monotonic() + 20
-    while await _running(vllm_engine.url) == 0:
-        assert time.monotonic() < deadline and not task.done()
-        await asyncio.sleep(0.05)
+    await asyncio.sleep(1)
+    assert not task.done()
     await client.abort("abort-whole")
     out = await asyncio.wait_for(task, 30)
     assert out.finish_reason == "abort"
     assert out.token_ids == []  # a closed non-streamed request brings nothing back
-    await _wait_idle(vllm_engine.url)
+    generated = await _settled(url, "vllm:generation_tokens_total") - before
+    assert 0 < generated < LONG, f"{generated} tokens: the abort did not stop the engine"
 
 
 async def test_pause_aborts_in_flight_and_resume_continues(client):
-    req = GenerationRequest([5, 6, 8], max_new_tokens=2000, temperature=0, ignore_eos=True)
+    req = GenerationRequest([5, 6, 8], max_new_tokens=LONG, temperature=0, ignore_eos=True)
     task, got = await checks.start_stream(client, req)
     await client.pause("abort")
     try:
         await asyncio.wait_for(task, 30)
         out = collect(got)
         assert out.finish_reason == "abort"
-        assert 0 < len(out.token_ids) < 2000
+        assert 0 < len(out.token_ids) < LONG
         # Requests sent while paused wait for resume.
         waiting = asyncio.create_task(
             client.generate(GenerationRequest([5, 6, 9], max_new_tokens=3, temperature=0))
@@ -183,7 +206,7 @@ async def test_tokens_read_after_a_weight_update_keep_their_version(vllm_engine)
     under control: the stream is not read on while the weights change (as in a proxy behind
     a slow client, or a busy one), so vLLM's tokens from before the update wait in the
     connection. Each token must still carry the version of the weights that generated it."""
-    n = 1900
+    n = LONG
     c = VLLMClient(vllm_engine.url, timeout=60)
     controller = GenerationController(c)
     try:
@@ -201,7 +224,7 @@ async def test_tokens_read_after_a_weight_update_keep_their_version(vllm_engine)
             async for _ in steps:
                 if len(rec.logprobs) > 20 and all(lp > -0.01 for lp in rec.logprobs[-20:]):
                     break
-        await _wait_idle(vllm_engine.url)  # closing the stream aborted the request
+        await _settled(vllm_engine.url, "vllm:generation_tokens_total")  # closing aborted it
         got = len(rec.token_ids)
         assert 20 < got < n and len(rec.versions) == got
         # The random model's tokens (logprob about -5.5), then the near-certain parrot's.
@@ -232,7 +255,7 @@ def vllm_stack(vllm_engine, tmp_path_factory):
         vllm_engine.url,
         PARROT,
         n_proxies=1,
-        proxy_args=["--engine", "vllm"],
+        proxy_args=["--engine", "vllm", "--context-length", str(VLLM_TEST_CONTEXT)],
     )
     yield s
     s.stop()
@@ -459,7 +482,7 @@ async def test_proxy_stop_string_ends_the_engine_request(vllm_stack, vllm_engine
     url = vllm_engine.url
     await _wait_idle(url)
     generated_before = await _metric(url, "vllm:generation_tokens_total")
-    kw = {"model": MODEL, "prompt": [100, 200, 300], "max_tokens": 1900, "temperature": 0}
+    kw = {"model": MODEL, "prompt": [100, 200, 300], "max_tokens": LONG, "temperature": 0}
     async with async_sdk(vllm_stack) as c:
         if stream:
             chunks = [
@@ -475,12 +498,14 @@ async def test_proxy_stop_string_ends_the_engine_request(vllm_stack, vllm_engine
             text, finish = r.choices[0].text, r.choices[0].finish_reason
             assert r.usage.completion_tokens == 2
     assert (text, finish) == ("", "stop")  # the stop string is not part of the text
-    await _wait_idle(url)
-    generated = await _metric(url, "vllm:generation_tokens_total") - generated_before
-    assert 2 <= generated < 1900, f"{generated} tokens: the engine went on after the stop string"
+    generated = await _settled(url, "vllm:generation_tokens_total") - generated_before
+    assert 2 <= generated < LONG, f"{generated} tokens: the engine went on after the stop string"
 
 
 async def test_proxy_client_disconnect_aborts_the_engine_request(vllm_stack, vllm_engine):
+    # vLLM's /metrics can stall while it generates, and it does not count a disconnect as an
+    # abort; so the check is the engine's token count once it has settled: an aborted
+    # request stops short of LONG, one left running reaches it after about a minute.
     url = vllm_engine.url
     await _wait_idle(url)
     generated_before = await _metric(url, "vllm:generation_tokens_total")
@@ -488,7 +513,7 @@ async def test_proxy_client_disconnect_aborts_the_engine_request(vllm_stack, vll
         stream = await c.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "long"}],
-            max_tokens=1900,
+            max_tokens=LONG,
             temperature=0,
             stream=True,
             extra_body={"ignore_eos": True},
@@ -498,14 +523,9 @@ async def test_proxy_client_disconnect_aborts_the_engine_request(vllm_stack, vll
             got += 1
             if got == 3:
                 break
-        deadline = time.monotonic() + 10
-        while await _running(url) == 0:
-            assert time.monotonic() < deadline, "the engine is not generating for the stream"
-            await asyncio.sleep(0.05)
         await stream.close()
-    await _wait_idle(url)
-    generated = await _metric(url, "vllm:generation_tokens_total") - generated_before
-    assert 3 <= generated < 1900, f"{generated} tokens: the disconnect did not abort the request"
+    generated = await _settled(url, "vllm:generation_tokens_total") - generated_before
+    assert 3 <= generated < LONG, f"{generated} tokens: the disconnect did not abort the request"
     deadline = time.monotonic() + 5
     while any(int(w.get("inflight_requests", 0)) for w in workers(vllm_stack)):
         assert time.monotonic() < deadline, workers(vllm_stack)
@@ -598,7 +618,7 @@ def test_proxy_weight_update_mid_stream_switches_the_weights(vllm_stack, vllm_en
     """Random tiny model at version 0 -> parrot pushed mid-stream: the proxy pauses vLLM (the
     request is aborted there), reloads the weights, continues, and resubmits the request with
     the tokens generated so far; the stream goes on as if nothing happened."""
-    n = 1000
+    n = 8000
     admin = vllm_stack.admin()
     try:
         r = admin.post("/admin/update_weights", json={"path": str(RANDOM), "version": 0})
@@ -614,16 +634,17 @@ def test_proxy_weight_update_mid_stream_switches_the_weights(vllm_stack, vllm_en
             stream=True,
             extra_body={"ignore_eos": True},
         )
-        # While vLLM generates (on a busy machine the client may see the first chunk late).
-        deadline = time.monotonic() + 20
-        while asyncio.run(_running(vllm_engine.url)) == 0:
-            assert time.monotonic() < deadline, "the engine is not generating for the stream"
-            time.sleep(0.02)
+        # While vLLM generates (~16 s for n tokens, long enough that its API server, slow to
+        # answer while it generates on a busy machine, gets to the pause first): its first
+        # tokens have reached the client.
+        chunks = iter(stream)
+        finish = None
+        while not any(ch.delta.content for ch in next(chunks).choices):
+            pass
         r = admin.post("/admin/update_weights", json={"path": str(PARROT)})
         assert r.status_code == 200, r.text
         assert r.json()["version"] == 1
-        finish = None
-        for chunk in stream:
+        for chunk in chunks:
             for ch in chunk.choices:
                 finish = ch.finish_reason or finish
         assert finish == "length", "the stream completes; nothing lost"
