@@ -93,7 +93,7 @@ async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stre
     return out
 
 
-def _cpu(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """Seconds of CPU (user + system) the process has used."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -209,12 +209,12 @@ def main() -> int:
                 )
                 for name, (url, gw_pid) in gateways.items():
                     pids = {"gateway": gw_pid, **others}
-                    before = {k: _cpu(pid) for k, pid in pids.items()}
+                    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
                     g = asyncio.run(
                         run_load(url + "/v1/completions", gw_body, via, n, conc, stream)
                     )
                     g["cpu_ms"] = {
-                        k: (_cpu(pid) - before[k]) / g["n"] * 1e3 for k, pid in pids.items()
+                        k: (cpu_seconds(pid) - before[k]) / g["n"] * 1e3 for k, pid in pids.items()
                     }
                     rows[name].append((mode, conc, e, g))
         _pace(engine_url, 0.0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +25,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
+from gateway_overhead import cpu_seconds, run_load  # noqa: E402
+from stack import ADMIN_KEY, Stack, launch, start_stack  # noqa: E402
 
 from areal_cli import supervisor  # noqa: E402
 from areal_proto.service.session_keys import mint_key, new_id  # noqa: E402
@@ -98,9 +98,8 @@ def store_bench(n: int, tmp: Path) -> list[str]:
     ]
 
 
-async def load(url: str, key: str, n: int, conc: int) -> tuple[float, float]:
-    lat: list[float] = []
-    sem = asyncio.Semaphore(conc)
+def _load(s: Stack, key: str, n: int, conc: int, pids: dict[str, int]) -> dict:
+    """One row: `n` chats at `conc`, with the areal processes' CPU per request (ms)."""
     body = orjson.dumps(
         {
             "model": "tiny-parrot",
@@ -108,27 +107,18 @@ async def load(url: str, key: str, n: int, conc: int) -> tuple[float, float]:
             "max_tokens": 16,
         }
     )
-    async with httpx.AsyncClient(
-        base_url=url, timeout=60, limits=httpx.Limits(max_connections=conc)
-    ) as http:
-
-        async def one() -> None:
-            async with sem:
-                t0 = time.perf_counter()
-                r = await http.post(
-                    "/v1/chat/completions",
-                    content=body,
-                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-                )
-                r.raise_for_status()
-                lat.append(time.perf_counter() - t0)
-
-        await asyncio.gather(*(one() for _ in range(min(20, n))))
-        lat.clear()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
-        wall = time.perf_counter() - t0
-    return statistics.median(lat) * 1e3, len(lat) / wall
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    out = asyncio.run(
+        run_load(s.gateway_url + "/v1/chat/completions", body, headers, n, conc, False)
+    )
+    if out["errors"]:
+        raise SystemExit(f"{out['errors']} of {n} requests failed")
+    # (The warm-up's requests are counted in the CPU too: a bound that errs high.)
+    per = {k: (cpu_seconds(pid) - before[k]) / n * 1e3 for k, pid in pids.items()}
+    out["cpu"] = sum(per.values())
+    out["by"] = "/".join(f"{per[k]:.2f}" for k in ("gateway", "router", "proxy"))
+    return out
 
 
 def stack_bench(requests: int, tmp: Path) -> list[str]:
@@ -144,6 +134,8 @@ def stack_bench(requests: int, tmp: Path) -> list[str]:
         gateway_args=["--log-level", "warning"],
         proxy_args=["--log-level", "warning"],
     )
+    pids = {"gateway": s.gateway.comp.pid, "router": s.router.comp.pid}
+    pids["proxy"] = s.proxies[0].comp.pid
     try:
         with httpx.Client(
             base_url=s.gateway_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -151,16 +143,31 @@ def stack_bench(requests: int, tmp: Path) -> list[str]:
             g = c.post("/rl/start_session", json={"task_id": "bench", "group_size": 1}).json()
         session_key = g["sessions"][0]["session_api_key"]
         out = [
-            f"through the stack, zero-cost fake engine, chat with 16 output tokens ({requests} requests per row):"
+            f"through the stack, zero-cost fake engine, chat with 16 output tokens ({requests} "
+            "requests per row; CPU: gateway + router + proxy per request, and each g/r/p):"
         ]
-        for conc in (1, 16):
-            a_p50, a_rps = asyncio.run(load(s.gateway_url, ADMIN_KEY, requests, conc))
-            s_p50, s_rps = asyncio.run(load(s.gateway_url, session_key, requests, conc))
+        # Every recorded request joins the same session with the same prompt, so the session
+        # grows by one interaction a request (upstream's recording slowed down as it grew).
+        history = 0
+        for conc in (1, 16, 64):
+            a = _load(s, ADMIN_KEY, requests, conc, pids)
+            r = _load(s, session_key, requests, conc, pids)
             out.append(
-                f"  c={conc:<3} admin key (not recorded) p50 {a_p50:6.2f} ms {a_rps:6.0f} req/s | "
-                f"session key (recorded) p50 {s_p50:6.2f} ms {s_rps:6.0f} req/s | "
-                f"recording adds {s_p50 - a_p50:+.2f} ms p50, rps x{s_rps / a_rps:.2f}"
+                f"  c={conc:<3} admin key (not recorded) p50 {a['p50']:6.2f} ms {a['rps']:5.0f} req/s "
+                f"CPU {a['cpu']:.2f} ({a['by']}) ms | session key (recorded) p50 {r['p50']:6.2f} ms "
+                f"{r['rps']:5.0f} req/s CPU {r['cpu']:.2f} ({r['by']}) ms | recording adds "
+                f"{r['p50'] - a['p50']:+.2f} ms p50, {r['cpu'] - a['cpu']:+.2f} ms CPU "
+                f"(session held {history} interactions before)"
             )
+            history += requests + min(50, requests)
+        out.append("  one session growing, recorded, c=64:")
+        for _ in range(3):
+            r = _load(s, session_key, requests, 64, pids)
+            out.append(
+                f"    {history:>6} interactions before: p50 {r['p50']:6.2f} ms "
+                f"{r['rps']:5.0f} req/s CPU {r['cpu']:.2f} ({r['by']}) ms"
+            )
+            history += requests + min(50, requests)
         return out
     finally:
         s.stop()

@@ -19,6 +19,8 @@ class StubRouter:
 
     def __init__(self, proxies: dict[str, int], lease_ms: int = 60_000, policy: str = "") -> None:
         self.proxies = proxies
+        # session -> proxy id: leased like a router leases pins.
+        self.pins: dict[str, str] = {}
         self.lease_ms = lease_ms
         self.policy = policy or "round_robin"
         self.epoch = 0
@@ -32,9 +34,14 @@ class StubRouter:
             await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise self.fail
-        first = sorted(self.proxies)[0]
+        session = kw.get("session_id")
+        first = self.pins.get(session, "") if session else sorted(self.proxies)[0]
         resp = router_pb2.RouteResponse(proxy_id=first, address=f"addr-{first}", model=MODEL)
-        if kw.get("want_lease") and not kw.get("session_id") and self.lease_ms:
+        if session:
+            if kw.get("want_lease") and first and self.lease_ms:
+                resp.lease_ms = self.lease_ms
+            return resp
+        if kw.get("want_lease") and self.lease_ms:
             resp.lease_ms = self.lease_ms
             resp.lease_policy = self.policy
             for pid in sorted(self.proxies):
@@ -67,14 +74,50 @@ async def test_least_loaded_lease_counts_this_gateways_inflight() -> None:
     assert table.inflight == {}
 
 
-async def test_sessions_never_use_a_lease() -> None:
-    router = StubRouter({"a": 0, "b": 0})
+async def test_a_session_pin_is_reused_for_its_lease_and_only_for_that_model() -> None:
+    router = StubRouter({"a": 0, "b": 0}, lease_ms=50)
+    router.pins = {"s": "b", "t": "a"}
     table = RouteTable(router)  # type: ignore[arg-type]
+    picks = [(await table.route("m", session_id="s", timeout_s=1)).proxy_id for _ in range(3)]
+    assert picks == ["b"] * 3
+    assert len(router.calls) == 1 and router.calls[0]["want_lease"] is True
+    assert (await table.route("m", session_id="t", timeout_s=1)).proxy_id == "a"
+    # Another model, the same session: the router decides (it refuses a mismatch).
+    await table.route("other", session_id="s", timeout_s=1)
+    assert len(router.calls) == 3
+    # The session-less lease is separate from the pins.
     await table.route("m", timeout_s=1)
+    assert len(router.calls) == 4
+    await asyncio.sleep(0.06)  # expired: asked again
+    await table.route("m", session_id="s", timeout_s=1)
+    assert len(router.calls) == 5
+    table.invalidate("m")  # its proxy refused a connection
+    await table.route("m", session_id="s", timeout_s=1)
+    assert len(router.calls) == 6
+    router.epoch += 1  # a registry change through this gateway
+    await table.route("m", session_id="s", timeout_s=1)
+    assert len(router.calls) == 7
+
+
+async def test_no_pin_lease_means_one_route_per_session_request() -> None:
+    router = StubRouter({"a": 0}, lease_ms=0)
+    router.pins = {"s": "a"}
+    table = RouteTable(router)  # type: ignore[arg-type]
     for _ in range(3):
         await table.route("m", session_id="s", timeout_s=1)
-    assert len(router.calls) == 4
-    assert all(not c.get("want_lease") for c in router.calls[1:])
+    assert len(router.calls) == 3
+
+
+async def test_expired_pins_are_dropped_as_new_ones_come() -> None:
+    router = StubRouter({"a": 0}, lease_ms=300)
+    router.pins = {f"s{i}": "a" for i in range(100)}
+    table = RouteTable(router)  # type: ignore[arg-type]
+    for i in range(50):
+        await table.route("m", session_id=f"s{i}", timeout_s=1)
+    assert len(table._pins) == 50
+    await asyncio.sleep(0.35)
+    await table.route("m", session_id="s99", timeout_s=1)
+    assert list(table._pins) == [("m", "s99")]
 
 
 async def test_expiry_invalidation_and_registry_changes_ask_the_router_again() -> None:

@@ -218,7 +218,7 @@ async def test_least_loaded_follows_reported_load():
         await stop_router(h)
 
 
-async def test_route_lease_only_when_asked_and_never_for_sessions():
+async def test_route_lease_only_when_asked_and_for_sessions_only_when_pinned():
     h = await start_router(replace(FAST, policy="least_loaded", route_lease=5.0))
     try:
         await h.add_proxy("m-0", "m", inflight_requests=4)
@@ -237,8 +237,18 @@ async def test_route_lease_only_when_asked_and_never_for_sessions():
         assert leased.lease_policy == "least_loaded"
         assert {(c.proxy_id, c.load) for c in leased.candidates} >= {("m-0", 4)}
         assert [c.proxy_id for c in leased.candidates] == ["m-0", "m-1"]
-        pinned = await route(want_lease=True, session_id="s-1")
-        assert pinned.lease_ms == 0 and not pinned.candidates
+        # A session without a pin is placed by the policy, request by request: no lease.
+        unpinned = await route(want_lease=True, session_id="s-1")
+        assert unpinned.lease_ms == 0 and not unpinned.candidates
+        # A pinned session's answer may be reused for a lease (only when asked for).
+        await h.stub.BindSession(
+            router_pb2.BindSessionRequest(session_ids=["s-2"], model="m", proxy_id="m-1"),
+            metadata=call_metadata(),
+        )
+        pinned = await route(want_lease=True, session_id="s-2")
+        assert (pinned.proxy_id, pinned.lease_ms) == ("m-1", int(FAST.health_interval * 1000))
+        assert not pinned.candidates
+        assert (await route(session_id="s-2")).lease_ms == 0
         # A prefix does not matter to this policy: the lease stands, and the caller is told
         # that prefixes are not wanted.
         with_prefix = await route(want_lease=True, prefix_hashes=[7])

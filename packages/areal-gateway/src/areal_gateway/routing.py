@@ -8,11 +8,17 @@ candidates and a lease of at most one health-poll interval, during which the gat
 such requests over them itself, round robin or least loaded (the router's reported load at
 grant time plus this gateway's in-flight calls since), as the router's policy says.
 
+A session's requests all go to its pinned proxy, which does not change while that proxy is
+up; so the router leases the pin too (no candidates), and the session's next requests within
+the lease skip Route. Without it, a Route call per request was most of what recording a
+session cost (benchmarks/recording.py).
+
 The router stays the source of truth:
-  * requests of a session (pins) always call Route, as do all requests when the router
-    grants no lease (an older router, or `--route-lease 0`);
-  * a lease ends when it expires, when a proxy of it refuses a connection (the retry asks the
-    router again), and when this gateway changes the registry (model or proxy registration);
+  * all requests call Route when the router grants no lease (an older router, or
+    `--route-lease 0`), and prompt-prefix routing (cache_aware) never gets one;
+  * a lease or pin ends when it expires, when a proxy refuses a connection (the retry asks
+    the router again), and when this gateway changes the registry (model or proxy
+    registration);
   * one Route call renews an expired lease; requests arriving meanwhile wait for that call
     instead of each making their own.
 """
@@ -79,6 +85,10 @@ class RouteTable:
         self.inflight: dict[str, int] = {}
         # Models whose router policy routes by prompt prefix (cache_aware), as last told.
         self._by_prefix: set[str] = set()
+        # (model, session) -> (pick, expiry, epoch). Every pin lease is as long as the
+        # router's lease, so insertion order is expiry order: expired ones leave from the
+        # front, and a gateway serving many short sessions does not keep them all.
+        self._pins: dict[tuple[str, str], tuple[Pick, float, int]] = {}
 
     async def route(
         self,
@@ -90,9 +100,7 @@ class RouteTable:
         prefix: Callable[[], list[int]] | None = None,
     ) -> Pick:
         if session_id:
-            return _pick(
-                await self._router.route(model, session_id=session_id, timeout_s=timeout_s)
-            )
+            return await self._session_route(model, session_id, timeout_s)
         if model in self._by_prefix and prefix is not None:
             # cache_aware: every decision depends on the prompt, so no lease; the
             # hashes are computed only for models routed this way.
@@ -156,13 +164,42 @@ class RouteTable:
         fut.add_done_callback(settle)
         return _pick(await asyncio.shield(fut))
 
+    async def _session_route(self, model: str, session_id: str, timeout_s: float) -> Pick:
+        key = (model, session_id)
+        now = time.monotonic()
+        held = self._pins.get(key)
+        if held is not None:
+            pick, expires, epoch = held
+            if expires > now and epoch == self._router.epoch:
+                return pick
+            del self._pins[key]
+        epoch = self._router.epoch
+        resp = await self._router.route(
+            model, session_id=session_id, want_lease=True, timeout_s=timeout_s
+        )
+        pick = _pick(resp)
+        if resp.lease_ms and resp.address:
+            now = time.monotonic()
+            pins = self._pins
+            while pins:
+                first = next(iter(pins))
+                if pins[first][1] > now:
+                    break
+                del pins[first]
+            pins[key] = (pick, now + resp.lease_ms / 1000.0, epoch)
+        return pick
+
     def invalidate(self, model: str | None = None) -> None:
-        """Forget leases (of `model`, or all): the next request asks the router."""
+        """Forget leases and session pins (of `model`, or all): the next request asks the
+        router."""
         if model is None:
             self._leases.clear()
+            self._pins.clear()
             return
         for key in [k for k in self._leases if k[0] == model]:
             del self._leases[key]
+        for pin in [k for k in self._pins if k[0] == model]:
+            del self._pins[pin]
 
     def acquire(self, address: str) -> None:
         self.inflight[address] = self.inflight.get(address, 0) + 1

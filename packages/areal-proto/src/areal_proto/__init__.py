@@ -1,3 +1,3 @@
 """areal-proto."""
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"

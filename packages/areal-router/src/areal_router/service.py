@@ -178,14 +178,16 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             model=decision.model.to_proto(with_proxies=False),
         )
         response.wants_prefix = decision.policy == "cache_aware"
-        if (
-            proxy is not None
-            and not response.wants_prefix
-            and request.want_lease
-            and self.lease_ms
-            and not request.session_id
-        ):
-            self._grant_lease(response, decision.model.name, request.kind, decision.policy)
+        if proxy is not None and not response.wants_prefix and request.want_lease and self.lease_ms:
+            if request.session_id:
+                # A pin does not move while its proxy stays up, so the caller may reuse this
+                # answer for the session for as long as any lease lasts (no candidates). A
+                # session without a pin is routed by the policy: no lease.
+                if self.registry.pins.get(request.session_id) == proxy.proxy_id:
+                    response.lease_ms = self.lease_ms
+                    self.metrics.leases.labels(decision.model.name).inc()
+            else:
+                self._grant_lease(response, decision.model.name, request.kind, decision.policy)
         self.metrics.route_latency.observe(time.perf_counter() - start)
         self.metrics.decisions.labels(
             decision.policy, model_label, "routed" if proxy else "external"

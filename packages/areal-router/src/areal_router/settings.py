@@ -42,8 +42,9 @@ class RouterSettings:
         default=1.0,
         metadata={
             "help": "seconds a caller asking for a route lease may route requests without a "
-            "session on its own, over the healthy proxies of the model (capped at "
-            "--health-interval); 0 = every request is routed here"
+            "session on its own, over the healthy proxies of the model, or send a pinned "
+            "session's requests to its proxy (capped at --health-interval); 0 = every "
+            "request is routed here"
         },
     )
     state_file: str = field(

@@ -425,11 +425,13 @@ class RouteResponse(_message.Message):
     proxy_id: _builtins.str
     address: _builtins.str
     lease_ms: _builtins.int
-    """Route lease, granted only when asked for (RouteRequest.want_lease) and only for a
-    decision no session pin or prompt prefix takes part in. For lease_ms milliseconds the
+    """Route lease, granted only when asked for (RouteRequest.want_lease) and never for a
+    decision a prompt prefix takes part in. Without a session: for lease_ms milliseconds the
     caller may spread further requests of the same model, kind and policy over `candidates`
     (the model's healthy proxies at decision time) by `lease_policy`, without calling Route.
-    0 = no lease: route every request.
+    With a session: for lease_ms the caller may send that session's requests for the same
+    model to this proxy without calling Route (no candidates); it asks again sooner when
+    the proxy refuses a connection. 0 = no lease: route every request.
     """
     lease_policy: _builtins.str
     """"round_robin" (rotate) or "least_loaded" (fewest in flight; ties rotate)."""
