@@ -29,10 +29,10 @@ from gateway_overhead import cpu_seconds, run_load  # noqa: E402
 from stack import ADMIN_KEY, Stack, launch, start_stack  # noqa: E402
 
 from areal_cli import supervisor  # noqa: E402
-from areal_proto.service.session_keys import mint_key, new_id  # noqa: E402
 from areal_proxy.recording.model import Interaction  # noqa: E402
 from areal_proxy.recording.sessions import SessionBook  # noqa: E402
 from areal_proxy.recording.store import Store  # noqa: E402
+from areal_runtime.session_keys import mint_key, new_id  # noqa: E402
 
 
 def store_bench(n: int, tmp: Path) -> list[str]:

@@ -27,8 +27,8 @@ from starlette.routing import Route
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service.auth import InternalTokenInterceptor
-from areal_proto.service.errors import ServiceError, abort
+from areal_runtime.auth import InternalTokenInterceptor
+from areal_runtime.errors import ServiceError, abort
 
 TOKEN = "test-internal-token-0123456789"
 

@@ -7,8 +7,8 @@ import pytest
 
 from areal_gateway.agent.common import principal
 from areal_gateway.agent.shapes import ChatShape, ResponsesShape, session_of_response
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import mint_key
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import mint_key
 
 
 def _events(raw: bytes) -> list[dict]:

@@ -15,7 +15,7 @@ import pytest
 from areal_gateway.clients import ProxyPool, ProxyUnreachable
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 def _request(stream: bool = False) -> envelope_pb2.OpenAIRequest:

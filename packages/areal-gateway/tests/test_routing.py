@@ -9,7 +9,7 @@ import pytest
 
 from areal_gateway.routing import RouteTable
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 MODEL = router_pb2.ModelInfo(name="m", kind=router_pb2.MODEL_KIND_INTERNAL)
 

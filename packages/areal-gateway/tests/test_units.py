@@ -15,7 +15,7 @@ from areal_gateway.settings import (
     load_settings,
     validate,
 )
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 def test_settings_precedence_flag_env_default(monkeypatch: pytest.MonkeyPatch) -> None:

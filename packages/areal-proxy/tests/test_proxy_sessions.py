@@ -11,7 +11,7 @@ from proxy_fakes import EOS, FakeEngineClient, start
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proto.service.session_keys import mint_key, new_id
+from areal_runtime.session_keys import mint_key, new_id
 
 ADMIN = envelope_pb2.Envelope(api_key="admin", is_admin=True)
 

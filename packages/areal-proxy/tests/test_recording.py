@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import mint_key, new_id, session_of
 from areal_proxy.recording.concat import continue_tokens
 from areal_proxy.recording.export import concat_rows, discounted_rewards, individual_rows
 from areal_proxy.recording.lineage import Lineage
 from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import mint_key, new_id, session_of
 
 
 def _it(

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
 from areal_router.policies import POLICY_NAMES, CacheAware, Router
 from areal_router.registry import DRAINING, EXTERNAL, HEALTHY, UNHEALTHY, ModelState, Registry
+from areal_runtime.errors import ServiceError
 
 
 def make_registry(**models: int) -> Registry:

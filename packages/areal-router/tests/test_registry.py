@@ -10,7 +10,6 @@ import stat
 import pytest
 
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
 from areal_router.registry import (
     DRAINING,
     EXTERNAL,
@@ -23,6 +22,7 @@ from areal_router.registry import (
     StateStore,
 )
 from areal_router.settings import RouterSettings, parse
+from areal_runtime.errors import ServiceError
 
 
 def test_model_registration_rules():

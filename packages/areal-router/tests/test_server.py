@@ -17,10 +17,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service.auth import TOKEN_ENV, call_metadata
-from areal_proto.service.errors import from_rpc_error
 from areal_router.server import RouterServer, create_server
 from areal_router.settings import RouterSettings
+from areal_runtime.auth import TOKEN_ENV, call_metadata
+from areal_runtime.errors import from_rpc_error
 
 pytestmark = pytest.mark.timeout(30)
 

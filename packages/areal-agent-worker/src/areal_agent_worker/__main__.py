@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from areal_agent_worker import __version__
 from areal_agent_worker.settings import Settings
-from areal_proto.service.logs import exit_process, setup_logging
-from areal_proto.service.settings import parse_settings
+from areal_runtime.logs import exit_process, setup_logging
+from areal_runtime.settings import parse_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,8 +18,8 @@ from areal_agent_worker.loader import AgentLoadError, load_agent
 from areal_agent_worker.service import AgentWorkerServicer, WorkerMetrics
 from areal_agent_worker.settings import Settings
 from areal_proto.agent.v1 import agent_worker_pb2_grpc
-from areal_proto.service.auth import server_interceptors
-from areal_proto.service.ready import write_ready_file
+from areal_runtime.auth import server_interceptors
+from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_agent_worker")
 

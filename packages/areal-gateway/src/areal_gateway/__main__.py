@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from areal_gateway.settings import PROG, SettingsError, load_settings, validate
-from areal_proto.service.logs import exit_process, setup_logging
+from areal_runtime.logs import exit_process, setup_logging
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,7 +26,7 @@ from areal_gateway.openai.errors import bad_request
 from areal_gateway.openai.forward import parse_object, read_body
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from areal_gateway.openai import chat, completions, models
 from areal_gateway.openai.errors import error_response, install_error_handlers
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 async def health(request: Request) -> Response:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import session_of
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import session_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from areal_gateway.openai.forward import parse_object, read_body
 from areal_gateway.runtime import Gateway
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 async def _targets(gw: Gateway, doc: dict[str, Any]) -> list[router_pb2.ProxyInfo]:

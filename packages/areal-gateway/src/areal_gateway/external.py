@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

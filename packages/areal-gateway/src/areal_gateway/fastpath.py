@@ -32,7 +32,7 @@ from areal_gateway.openai.forward import (
     parse_object,
 )
 from areal_gateway.runtime import Gateway
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

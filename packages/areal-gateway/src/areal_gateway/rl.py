@@ -27,8 +27,8 @@ from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import mint_key, new_id
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import mint_key, new_id
 
 MAX_GROUP_SIZE = 1024
 _NDJSON = "application/x-ndjson"

@@ -24,8 +24,8 @@ from areal_gateway.app import create_app
 from areal_gateway.fastpath import GenerationFastPath
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings, validate
-from areal_proto.service.logs import mask
-from areal_proto.service.ready import write_ready_file
+from areal_runtime.logs import mask
+from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_gateway.server")
 

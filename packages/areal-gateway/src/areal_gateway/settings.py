@@ -1,6 +1,6 @@
 """Every setting of the gateway, each default once (docs/services.md, "Flags per binary").
 
-Flags are generated from the dataclass by `areal_proto.service.settings.parse_settings`;
+Flags are generated from the dataclass by `areal_runtime.settings.parse_settings`;
 each field can also come from `AREAL_GATEWAY_<FIELD>`. Secrets never come from argv: the
 admin key is read from `AREAL_ADMIN_API_KEY`, the internal token from `AREAL_INTERNAL_TOKEN`.
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from areal_gateway import __version__
-from areal_proto.service.auth import TOKEN_ENV
-from areal_proto.service.settings import parse_settings
+from areal_runtime.auth import TOKEN_ENV
+from areal_runtime.settings import parse_settings
 
 PROG = "areal-gateway"
 ENV_PREFIX = "AREAL_GATEWAY_"

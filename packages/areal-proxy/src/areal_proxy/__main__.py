@@ -7,8 +7,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from areal_proto.service.logs import exit_process, setup_logging
 from areal_proxy.settings import load_settings
+from areal_runtime.logs import exit_process, setup_logging
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

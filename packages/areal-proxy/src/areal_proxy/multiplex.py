@@ -21,8 +21,8 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proto.service.batching import take_batch
-from areal_proto.service.errors import ServiceError
+from areal_runtime.batching import take_batch
+from areal_runtime.errors import ServiceError
 
 if TYPE_CHECKING:
     from areal_proxy.service import ProxyServicer

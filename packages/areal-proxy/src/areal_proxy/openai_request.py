@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20

@@ -10,8 +10,6 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from areal_proto.service.auth import server_interceptors
-from areal_proto.service.ready import write_ready_file
 from areal_proxy import __version__
 from areal_proxy.chat_template import PromptBuilder
 from areal_proxy.engine import make_engine_client
@@ -26,6 +24,8 @@ from areal_proxy.recording.store import Store
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_runtime.auth import server_interceptors
+from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_proxy")
 

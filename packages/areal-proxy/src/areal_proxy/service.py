@@ -17,7 +17,6 @@ import orjson
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.errors import ServiceError, abort
 from areal_proxy.engine.base import EngineError
 from areal_proxy.generation import GenerationController, GenerationRecord
 from areal_proxy.inference import InferenceHandler
@@ -25,6 +24,7 @@ from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
+from areal_runtime.errors import ServiceError, abort
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _EXPORT_ROWS_PER_CHUNK = 256

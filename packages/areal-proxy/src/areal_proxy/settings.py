@@ -6,8 +6,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from areal_proto.service.settings import parse_settings
 from areal_proxy import __version__
+from areal_runtime.settings import parse_settings
 
 ENV_PREFIX = "AREAL_PROXY_"
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
-from areal_proto.service.logs import exit_process, setup_logging
+from areal_runtime.logs import exit_process, setup_logging
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -7,9 +7,9 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from areal_proto.service.errors import ServiceError
 from areal_router.proxy_client import ProxyClients
 from areal_router.registry import HEALTH_NAMES, HEALTHY, Registry
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger("areal_router.health")
 

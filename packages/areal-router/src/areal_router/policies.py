@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from areal_proto.service.errors import ServiceError
 from areal_router.registry import EXTERNAL, HEALTH_NAMES, ModelState, ProxyState, Registry
+from areal_runtime.errors import ServiceError
 
 POLICY_NAMES = ("round_robin", "least_loaded", "power_of_two", "session_affinity", "cache_aware")
 

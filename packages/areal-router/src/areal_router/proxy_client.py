@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import grpc
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.auth import call_metadata
-from areal_proto.service.errors import ServiceError, from_rpc_error
+from areal_runtime.auth import call_metadata
+from areal_runtime.errors import ServiceError, from_rpc_error
 
 log = logging.getLogger("areal_router.proxy_client")
 

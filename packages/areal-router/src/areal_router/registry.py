@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.ready import write_private
+from areal_runtime.errors import ServiceError
+from areal_runtime.ready import write_private
 
 log = logging.getLogger("areal_router.registry")
 

@@ -14,8 +14,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service.auth import server_interceptors
-from areal_proto.service.ready import write_ready_file
 from areal_router import __version__
 from areal_router.health import HealthPoller
 from areal_router.metrics import RouterMetrics
@@ -24,6 +22,8 @@ from areal_router.proxy_client import ProxyClients
 from areal_router.registry import Registry, StateStore
 from areal_router.service import RouterService
 from areal_router.settings import RouterSettings
+from areal_runtime.auth import server_interceptors
+from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_router")
 

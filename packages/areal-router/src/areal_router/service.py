@@ -10,12 +10,12 @@ from typing import TypeVar
 import grpc
 
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service.errors import ServiceError, abort
-from areal_proto.service.logs import mask
 from areal_router.health import HealthPoller
 from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
 from areal_router.registry import ModelState, Registry, StateStore
+from areal_runtime.errors import ServiceError, abort
+from areal_runtime.logs import mask
 
 log = logging.getLogger("areal_router.service")
 

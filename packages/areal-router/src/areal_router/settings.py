@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from areal_proto.service.settings import parse_settings
 from areal_router import __version__
 from areal_router.policies import POLICY_NAMES
+from areal_runtime.settings import parse_settings
 
 POLICIES = POLICY_NAMES
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -1,6 +1,6 @@
 """What every agent-mode endpoint shares: who calls, where a session lives, session creation.
 
-Keys: the admin key, or a session key minted here (`areal_proto.service.session_keys`). The
+Keys: the admin key, or a session key minted here (`areal_runtime.session_keys`). The
 gateway reads the session a key claims; the data proxy holding the session checks the key's
 hash on every call (turns, close, history, reward, export), so the gateway keeps no key and a
 restarted gateway still accepts them. A key for another session is refused here (403) before
@@ -22,8 +22,8 @@ from areal_gateway.clients import AgentProxyClient
 from areal_gateway.openai.errors import bad_request
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import mint_key, new_id, session_of
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import mint_key, new_id, session_of
 
 log = logging.getLogger("areal_gateway.agent")
 

@@ -36,7 +36,7 @@ from areal_gateway.openai.errors import bad_request
 from areal_gateway.openai.forward import parse_object, read_body
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 def _envelope(p: Any, session_id: str, deadline_s: float) -> envelope_pb2.Envelope:

@@ -19,7 +19,7 @@ import orjson
 
 from areal_gateway.openai.errors import error_body
 from areal_gateway.openai.sse import DONE, frame
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 ZERO_USAGE_RESPONSES = {
     "input_tokens": 0,

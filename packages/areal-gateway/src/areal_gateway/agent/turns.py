@@ -44,7 +44,7 @@ from areal_gateway.openai.sse import SSE_HEADERS
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 _JSON = (b"content-type", b"application/json")
 # Sessions made for one admin chat request are closed after it (kept alive by this set).

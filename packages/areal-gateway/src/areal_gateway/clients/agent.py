@@ -15,7 +15,7 @@ from areal_gateway.clients.common import (
     read_messages,
 )
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.auth import call_metadata
+from areal_runtime.auth import call_metadata
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from areal_proto.service.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
+from areal_runtime.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
 
 # Seconds for router calls (routing, registry): these are cheap and never generate.
 ROUTER_TIMEOUT = 10.0

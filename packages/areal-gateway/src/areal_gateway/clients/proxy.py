@@ -19,9 +19,9 @@ from areal_gateway.clients.common import (
 )
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.auth import call_metadata
-from areal_proto.service.batching import take_batch
-from areal_proto.service.errors import ServiceError
+from areal_runtime.auth import call_metadata
+from areal_runtime.batching import take_batch
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from areal_gateway.clients.common import (
     open_channel,
 )
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service.auth import call_metadata
-from areal_proto.service.errors import from_rpc_error
+from areal_runtime.auth import call_metadata
+from areal_runtime.errors import from_rpc_error
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

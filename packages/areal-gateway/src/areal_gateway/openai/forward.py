@@ -32,7 +32,7 @@ from areal_gateway.prefix import prefix_hashes
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

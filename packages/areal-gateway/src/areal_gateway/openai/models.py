@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 def _model_object(m: router_pb2.ModelInfo) -> dict[str, object]:

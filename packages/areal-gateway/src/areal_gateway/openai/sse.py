@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from areal_gateway.openai.errors import error_body
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 DONE = b"data: [DONE]\n\n"
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from areal_proto.service.errors import ServiceError
+from areal_runtime.errors import ServiceError
 
 
 class InferenceLink:

@@ -11,8 +11,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from areal_proto.proxy.v1 import proxy_pb2_grpc
-from areal_proto.service.auth import server_interceptors
-from areal_proto.service.ready import write_ready_file
 from areal_proxy import __version__
 from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.service import AgentModeServicer
@@ -20,6 +18,8 @@ from areal_proxy.agent.sessions import AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
 from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.settings import Settings
+from areal_runtime.auth import server_interceptors
+from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_proxy.agent")
 

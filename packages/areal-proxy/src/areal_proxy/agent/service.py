@@ -13,11 +13,11 @@ import grpc
 import orjson
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.service.errors import ServiceError, abort
-from areal_proto.service.session_keys import new_id
 from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.sessions import AgentSession, AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
+from areal_runtime.errors import ServiceError, abort
+from areal_runtime.session_keys import new_id
 
 log = logging.getLogger("areal_proxy.agent")
 

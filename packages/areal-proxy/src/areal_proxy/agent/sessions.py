@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import key_hash, key_matches
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import key_hash, key_matches
 
 
 @dataclass(slots=True)

@@ -9,8 +9,8 @@ import grpc
 import orjson
 
 from areal_proto.agent.v1 import agent_worker_pb2, agent_worker_pb2_grpc
-from areal_proto.service.auth import call_metadata
-from areal_proto.service.errors import ServiceError, from_rpc_error
+from areal_runtime.auth import call_metadata
+from areal_runtime.errors import ServiceError, from_rpc_error
 
 
 class WorkerClient:

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_proto.service.errors import ServiceError
-from areal_proto.service.session_keys import key_hash, key_matches, new_id
 from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
 from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.store import Store
+from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import key_hash, key_matches, new_id
 
 
 @dataclass(slots=True)

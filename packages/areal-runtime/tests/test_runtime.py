@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_proto.service import auth, errors, ready, settings
+from areal_runtime import auth, errors, ready, settings
 
 
 @dataclass

@@ -1,4 +1,4 @@
-from areal_proto.service.batching import take_batch
+from areal_runtime.batching import take_batch
 
 
 def test_everything_that_fits_goes_in_one_message():
