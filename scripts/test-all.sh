@@ -33,6 +33,7 @@ stage "bootstrap (uv, venv, engine)" scripts/bootstrap.sh
 stage "ruff" bash -c "uv run --quiet ruff check . && uv run --quiet ruff format --check ."
 stage "mypy (package code)" uv run --quiet mypy packages/*/src
 stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
+stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
 stage "unit tests" unit_tests
 # One engine at a time: the SGLang session engine and vLLM would share 2 cores and 6.5 GB.
 stage "e2e tests (SGLang engine)" uv run --quiet pytest -q -p no:cacheprovider tests \
