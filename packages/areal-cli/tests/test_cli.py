@@ -54,6 +54,28 @@ def _wait_running(f, service="default", timeout=20.0):
     raise AssertionError("service did not become running")
 
 
+def test_everything_under_areal_home_is_private(clean, tmp_path):
+    """0600 files in 0700 folders, AREAL_HOME itself included, even for files a service makes."""
+    f = clean
+    home = tmp_path / "fresh" / "areal-home"  # AREAL_HOME does not exist yet
+    env = {"AREAL_HOME": str(home)}
+    f.home = home
+    config = ("--config", str(tmp_path / "home" / "inf" / "config.toml"))  # the stand-ins
+    try:
+        r = f.cli("inf", *config, "run", "--port", str(_port()), "--detach", *MODEL, env=env)
+        assert r.code == 0, r.err
+        paths = [home, *home.rglob("*")]
+        assert any(p.name.endswith(".sqlite-wal") for p in paths), "the stand-in proxy made no db"
+        wrong = [
+            f"{p.relative_to(home.parent)} {stat.S_IMODE(p.stat().st_mode):o}"
+            for p in paths
+            if stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)
+        ]
+        assert not wrong, wrong
+    finally:
+        assert f.cli("inf", "stop", env=env).code == 0
+
+
 def test_help_and_version(fakes):
     r = fakes.cli("--help")
     assert r.code == 0 and "inf" in r.out and "train" in r.out

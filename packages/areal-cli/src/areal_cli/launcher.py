@@ -23,6 +23,7 @@ from areal_cli import state as st
 from areal_cli import supervisor
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
+from areal_cli.private_files import make_dir
 from areal_cli.supervisor import Component, LaunchError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -109,7 +110,7 @@ class Launcher:
 
     def ready_file(self, name: str) -> Path:
         p = st.run_dir(self.group, self.service) / f"{name}.ready"
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_dir(p.parent)
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
         return p

@@ -11,7 +11,8 @@ Layout under `$AREAL_HOME` (default `~/.areal`), `<group>` being `inf` or `agent
 Secrets never go into the state file: they live in the separate 0600 secrets
 file so `register`, `deregister` and `models` can call the admin API without
 the key being passed again, while the state stays safe to show (`status --json`).
-Files are written atomically (temp file in the same folder, fsync, os.replace).
+Files are written atomically (temp file in the same folder, fsync, os.replace);
+every file is 0600 and every folder 0700 (private_files.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from areal_cli.config import areal_home
 from areal_cli.errors import CLIError
+from areal_cli.private_files import make_dir
 
 GROUPS = ("inf", "agent")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -73,13 +75,9 @@ def logs_dir(group: str, service: str) -> Path:
     return group_dir(group) / "logs" / service
 
 
-def _mkdir_private(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-
 def write_private(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically with mode 0600."""
-    _mkdir_private(path.parent)
+    make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o600)
@@ -167,7 +165,7 @@ class Lock:
     def acquire(self, wait: float = 0.0) -> None:
         import fcntl
 
-        _mkdir_private(self.path.parent)
+        make_dir(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + wait
         while True:

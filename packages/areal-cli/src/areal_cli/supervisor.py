@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal_cli.private_files import CHILD_UMASK, open_append
+
 
 class LaunchError(Exception):
     """A component failed to start; carries its log path and last lines."""
@@ -125,9 +127,8 @@ def spawn(
     meta: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen, Component]:
     """Start `argv` in a new process group with output appended to `log`."""
-    log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
-    with open(log, "ab", buffering=0) as out:
+    with open_append(log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}\n".encode())
         try:
             proc = subprocess.Popen(
@@ -138,6 +139,7 @@ def spawn(
                 env=full_env,
                 cwd=cwd,
                 start_new_session=True,
+                umask=CHILD_UMASK,
             )
         except FileNotFoundError as e:
             raise LaunchError(name, f"executable not found: {argv[0]}") from e

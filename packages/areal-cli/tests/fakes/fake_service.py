@@ -208,6 +208,11 @@ def main() -> None:
                 sys.exit("proxy: --worker-addr is required in agent mode")
             if a.inf_gateway_url and not os.environ.get("AREAL_PROXY_INF_ADMIN_API_KEY"):
                 sys.exit("proxy: linked but AREAL_PROXY_INF_ADMIN_API_KEY is not set")
+        if a.db_path:
+            # Like SQLite: plain open() (0666 less the umask) of the db and its WAL.
+            for suffix in ("", "-wal"):
+                with open(a.db_path + suffix, "a"):
+                    pass
         serve_tcp(a.host, a.port, a.ready_file, "proxy")
 
 
