@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make a fresh machine (Python 3.11 + pip only) ready: uv, the workspace venv,
-# and the CPU engines, SGLang and vLLM (cached outside the checkout). Idempotent.
+# the CPU engines, SGLang and vLLM, and the real instruct model SmolLM2-135M-Instruct
+# (all cached outside the checkout). Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export UV_PYTHON_DOWNLOADS=never
@@ -12,3 +13,4 @@ fi
 uv sync --locked --quiet
 scripts/install-engine.sh sglang >/dev/null
 scripts/install-engine.sh vllm >/dev/null
+scripts/setup-model.sh smollm2 >/dev/null

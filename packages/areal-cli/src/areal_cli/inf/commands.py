@@ -22,7 +22,12 @@ Service = Annotated[str | None, typer.Option("--service", help=SERVICE_HELP)]
 Backend = Annotated[
     str | None, typer.Option(help="<sglang|vllm>:d<N>t<N>p<N> [default: sglang:d1].")
 ]
-ModelPath = Annotated[str | None, typer.Option(help="Model folder or id.")]
+ModelPath = Annotated[
+    str | None,
+    typer.Option(
+        help="Model folder or id, or a short name set up by scripts/setup-model.sh (smollm2)."
+    ),
+]
 TokenizerPath = Annotated[
     str | None, typer.Option(help="Tokenizer folder [default: the model path].")
 ]

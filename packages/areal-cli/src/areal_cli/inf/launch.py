@@ -35,6 +35,7 @@ from areal_cli.launcher import (
     start_router_gateway,
     stop_signals,
 )
+from areal_cli.models import resolve_short_name
 from areal_cli.supervisor import Component
 
 GROUP = "inf"
@@ -99,7 +100,7 @@ def resolve_model(cfg: Config, opts: ModelOptions, name_flag: str) -> ModelSpec:
     model_path = cfg.pick(opts.model_path, "register.internal", "model_path")
     if not model_path:
         raise CLIError(f"--model-path is required to register model '{name}'", code=2)
-    model_path = _abs_if_local(model_path)
+    model_path = resolve_short_name(model_path) or _abs_if_local(model_path)
     tokenizer = _abs_if_local(
         cfg.pick(opts.tokenizer_path, "register.internal", "tokenizer_path", model_path)
     )
