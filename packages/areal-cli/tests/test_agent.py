@@ -382,6 +382,26 @@ def test_stop_keep_state_then_stop(agent):
     assert agent("stop").returncode == 0 and agent.state() is None
 
 
+def test_force_over_kept_state_keeps_the_admin_key(agent, home):
+    """Clients hold the generated key: replacing a stopped-but-kept service must not change it."""
+    assert agent("run", "--agent", AGENT).returncode == 0
+    key = st.load_secrets("agent", "default")["admin_api_key"]
+    assert key.startswith("areal-agent-")
+    assert agent("stop", "--keep-state").returncode == 0
+    r = agent("run", "--agent", AGENT, "--force")
+    assert r.returncode == 0, r.stderr
+    assert "kept from the replaced service" in r.stdout
+    assert st.load_secrets("agent", "default")["admin_api_key"] == key
+    assert agent("stop").returncode == 0
+    # With nothing recorded a new key is made; a given key always wins.
+    assert agent("run", "--agent", AGENT, "--force").returncode == 0
+    assert st.load_secrets("agent", "default")["admin_api_key"] != key
+    assert agent("stop", "--keep-state").returncode == 0
+    assert agent("run", "--agent", AGENT, "--force", "--admin-api-key", "given-key").returncode == 0
+    assert st.load_secrets("agent", "default")["admin_api_key"] == "given-key"
+    assert agent("stop").returncode == 0
+
+
 def test_link_to_inf_service(agent, fakes):
     r = fakes.cli("inf", "run", "--service", "llm", "--port", "0", "--admin-api-key", "inf-key",
                   "--detach")  # fmt: skip

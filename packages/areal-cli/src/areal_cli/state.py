@@ -117,6 +117,14 @@ def load_secrets(group: str, service: str) -> dict[str, str]:
     return {k: str(v) for k, v in (_read_json(secrets_path(group, service)) or {}).items()}
 
 
+def recorded_admin_key(group: str, service: str) -> str:
+    """The admin key of a service whose state is still recorded (e.g. `stop --keep-state`),
+    so that `run --force` over it keeps the key its clients hold; "" if none."""
+    if not state_path(group, service).exists():
+        return ""
+    return load_secrets(group, service).get("admin_api_key", "")
+
+
 def save_secrets(group: str, service: str, secrets: dict[str, str]) -> None:
     write_private(secrets_path(group, service), json.dumps(secrets).encode())
 

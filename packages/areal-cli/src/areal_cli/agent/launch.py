@@ -49,7 +49,7 @@ ROUTING_STRATEGIES = (
     "power_of_two",
     "cache_aware",
 )
-# Built-in defaults (the guide's example config shows the same values).
+# Built-in defaults (docs/cli.md's example agent config shows the same values).
 DEFAULT_NUM_PAIRS = 1
 DEFAULT_SETUP_TIMEOUT = 120.0
 DEFAULT_HEALTH_POLL_INTERVAL = 5.0
@@ -176,6 +176,8 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
         raise CLIError(f"[scheduler] type '{scheduler}' is not supported (only 'local')", code=2)
     key = o.admin_api_key or cfg.get("default", "admin_api_key")
     key_source = "given"
+    if not key and o.force:
+        key, key_source = st.recorded_admin_key(GROUP, service), "kept"
     if not key:
         key, key_source = "areal-agent-" + secrets.token_urlsafe(24), "generated"
     return Plan(
@@ -527,9 +529,10 @@ def _print_summary(plan: Plan, state: dict[str, Any], took: float) -> None:
         via = f"inf service '{plan.inf.service}', " if plan.inf.service else ""
         model = f", model {plan.inf.model}" if plan.inf.model else ""
         print(f"  inference  {via}{plan.inf.gateway_url}{model}")
-    if plan.key_source == "generated":
+    if plan.key_source in ("generated", "kept"):
         where = st.secrets_path(GROUP, service)
-        print(f"  admin key  generated; stored in {where} (mode 0600)")
+        how = "generated" if plan.key_source == "generated" else "kept from the replaced service"
+        print(f"  admin key  {how}; stored in {where} (mode 0600)")
     print(f"  status     areal agent status --service {service}")
     print(f"  stop       areal agent stop --service {service}", flush=True)
 
