@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 
 from areal_cli.supervisor import free_port
-from areal_gateway.client import ArealClient
+from areal_client import ArealClient
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_PATH = ROOT / "models" / "tiny-parrot"
@@ -93,14 +93,14 @@ def main() -> int:
                 max_tokens=4,
             )
             client.set_reward(session, reward=1.0)
-            [row] = client.export(group_id=group.group_id, remove_session=True)
+            [row] = client.export(group_id=group.group_id, remove_session=True).rows
         print(f"\nRL session {session.session_id}: interaction {answer.id} rewarded 1.0")
         print("exported trajectory:")
         for k in ("input_ids", "loss_mask", "logprobs", "versions"):
-            v = row[k]
+            v = getattr(row, k)
             shown = [round(x, 4) for x in v] if k == "logprobs" else v
             print(f"  {k:<10} {shown}")
-        print(f"  reward     {row['reward']}")
+        print(f"  reward     {row.reward}")
     finally:
         print()
         areal("inf", "stop", "--service", SERVICE, env=env)

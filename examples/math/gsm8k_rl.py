@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_client import ArealClient, Group, Trajectory
 from areal_train.advantages import group_advantages
 from areal_train.config import ConfigError, GRPOConfig, load_expr_config, log_dir
 from areal_train.metrics import MetricsLogger
@@ -49,7 +50,6 @@ from examples.math.common import (
     start_trainer,
     total_steps,
 )
-from examples.math.rl_client import Group, RLAPIError, RLClient, version_of
 
 _AREAL = "import sys; from areal_cli.main import main; sys.exit(main(sys.argv[1:]))"
 
@@ -82,7 +82,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def inference_service(config: MathGRPOConfig) -> Iterator[RLClient]:
+def inference_service(config: MathGRPOConfig) -> Iterator[ArealClient]:
     """Connect to rollout.gateway_url, or start a service for this run and stop it after."""
     ro = config.rollout
     if ro.gateway_url:
@@ -92,7 +92,7 @@ def inference_service(config: MathGRPOConfig) -> Iterator[RLClient]:
                 "'rollout.admin_api_key' is required with rollout.gateway_url "
                 "(or set AREAL_ADMIN_API_KEY)"
             )
-        client = RLClient(ro.gateway_url, key, ro.request_timeout)
+        client = ArealClient(ro.gateway_url, key, timeout=ro.request_timeout)
         try:
             yield client
         finally:
@@ -131,7 +131,7 @@ def inference_service(config: MathGRPOConfig) -> Iterator[RLClient]:
     try:
         areal_cli(*args, env=env, timeout=ro.setup_timeout + 120)
         print(f"[grpo] service ready in {time.monotonic() - t0:.1f}s", flush=True)
-        client = RLClient(f"http://127.0.0.1:{port}", key, ro.request_timeout)
+        client = ArealClient(f"http://127.0.0.1:{port}", key, timeout=ro.request_timeout)
         try:
             yield client
         finally:
@@ -145,12 +145,15 @@ def inference_service(config: MathGRPOConfig) -> Iterator[RLClient]:
 
 
 def _rollout(
-    client: RLClient, config: MathGRPOConfig, problem: data.Problem, group: Group, i: int
+    client: ArealClient, config: MathGRPOConfig, problem: data.Problem, group: Group, i: int
 ) -> dict[str, Any]:
     session = group.sessions[i]
-    resp = client.chat(
-        session,
-        config.rollout.model_name,
+    # The SDK on the client's connection pool, bound to this session's key (so it is recorded).
+    llm = session.openai(
+        http_client=client.http_client, max_retries=0, timeout=config.rollout.request_timeout
+    )
+    resp = llm.chat.completions.create(
+        model=config.rollout.model_name,
         messages=problem.messages(),
         max_tokens=config.grpo.max_new_tokens,
         temperature=config.grpo.temperature,
@@ -163,11 +166,14 @@ def _rollout(
 
 
 def collect(
-    client: RLClient, config: MathGRPOConfig, batch: list[data.Problem], pool: ThreadPoolExecutor
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    client: ArealClient,
+    config: MathGRPOConfig,
+    batch: list[data.Problem],
+    pool: ThreadPoolExecutor,
+) -> tuple[list[Trajectory], list[dict[str, Any]]]:
     """Roll out one group per problem; (exported rows, rollout results)."""
     groups = [
-        client.start_session(p.task_id, config.grpo.group_size, config.rollout.model_name)
+        client.start_group(p.task_id, config.grpo.group_size, config.rollout.model_name)
         for p in batch
     ]
     futures = [
@@ -176,20 +182,20 @@ def collect(
         for i in range(config.grpo.group_size)
     ]
     results = [f.result() for f in futures]
-    rows: list[dict[str, Any]] = []
+    rows: list[Trajectory] = []
     for g in groups:
-        exported = client.export_trajectories(
-            g.group_id,
+        exported = client.export(
+            group_id=g.group_id,
             style=config.grpo.export_style,
             discount=config.grpo.discount,
             remove_session=True,
         )
         if len(exported) < config.grpo.group_size:
-            raise RLAPIError(
+            raise RuntimeError(
                 f"group {g.group_id} exported {len(exported)} rows for "
                 f"{config.grpo.group_size} sessions"
             )
-        rows.extend(exported)
+        rows.extend(exported.rows)
     return rows, results
 
 
@@ -229,13 +235,15 @@ def main(args: list[str]) -> int:
                 t0 = time.monotonic()
                 rows, results = collect(client, config, batch, pool)
                 t_rollout = time.monotonic() - t0
-                rows = [r for r in rows if any(r["loss_mask"])]
-                advantages = group_advantages(rows, std_normalize=g.adv_norm_std)
+                rows = [r for r in rows if any(r.loss_mask)]
+                advantages = group_advantages(
+                    [r.to_dict() for r in rows], std_normalize=g.adv_norm_std
+                )
                 train_rows = [
                     {
-                        "input_ids": r["input_ids"],
-                        "loss_mask": r["loss_mask"],
-                        "logprobs": r["logprobs"],
+                        "input_ids": r.input_ids,
+                        "loss_mask": r.loss_mask,
+                        "logprobs": r.logprobs,
                         "advantage": a,
                     }
                     for r, a in zip(rows, advantages, strict=True)
@@ -251,17 +259,9 @@ def main(args: list[str]) -> int:
                 )
                 step += 1
                 ckpt = save_checkpoint(trainer, run_dir, f"step_{step}", g.keep_checkpoints)
-                reply = client.update_weights(str(ckpt))
-                version = version_of(reply)
-                rollout_versions = sorted(
-                    {
-                        v
-                        for r in rows
-                        for v, m in zip(r["versions"], r["loss_mask"], strict=True)
-                        if m
-                    }
-                )
-                rewards = [float(r["reward"] or 0.0) for r in rows]
+                version = client.update_weights(str(ckpt)).version
+                rollout_versions = sorted({v for r in rows for v in r.output_versions})
+                rewards = [r.reward for r in rows]
                 metrics.log(
                     step,
                     epoch=epoch,

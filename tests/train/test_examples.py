@@ -16,7 +16,6 @@ import yaml
 from areal_train.advantages import group_advantages, normalise_group
 from areal_train.metrics import read_metrics
 from examples.math import data
-from examples.math.rl_client import version_of
 
 ROOT = Path(__file__).resolve().parents[2]
 AREAL = Path(sys.executable).with_name("areal")
@@ -118,10 +117,3 @@ def test_group_advantages() -> None:
     assert abs(sum(adv[i] for i in (0, 2, 4))) < 1e-9
     assert normalise_group([1.0, 0.0], std_normalize=False) == [0.5, -0.5]
     assert normalise_group([1.0, 0.0]) == [1.0 / (0.5 + 1e-6) * 0.5, -1.0 / (0.5 + 1e-6) * 0.5]
-
-
-def test_version_of_update_reply() -> None:
-    assert version_of({"version": 3}) == 3
-    assert version_of({"proxies": [{"proxy_id": "p0", "version": 2}, {"version": 4}]}) == 4
-    assert version_of({"ok": True}) is None
-    assert json.dumps(version_of({"version": True})) == "null"

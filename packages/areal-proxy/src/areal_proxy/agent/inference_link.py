@@ -1,17 +1,30 @@
 """The link from an agent service to an areal inference service's RL API.
 
 Every agent session gets an RL session there; the agent's LLM calls use that
-session's key, so they are recorded; rewards and exports go through here.
+session's key, so they are recorded; rewards and exports go through here, over
+`areal_client.AsyncArealClient` (the one client of the RL API).
+
+The agent servicer speaks `ServiceError`, so the client's errors are turned into
+one here: a refused argument -> 400; unreachable or timed out -> 503 `inference_unavailable`; an error the
+inference gateway answered keeps its code, a 5xx of its own becomes 502.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
-import orjson
-
+from areal_client import (
+    APIConnectionError,
+    APIStatusError,
+    ArealClientError,
+    AsyncArealClient,
+    Session,
+)
 from areal_runtime.errors import ServiceError
+from areal_runtime.session_keys import session_of
+
+# One call is a start/reward/export on an idle inference gateway: a minute is an outage.
+LINK_TIMEOUT_S = 60.0
 
 
 class InferenceLink:
@@ -19,68 +32,67 @@ class InferenceLink:
         self.gateway_url = gateway_url.rstrip("/")
         self.base_url = self.gateway_url + "/v1"
         self.model = model
-        self._admin = admin_key
-        self._http: aiohttp.ClientSession | None = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-        return self._http
+        self._client = AsyncArealClient(self.gateway_url, admin_key, timeout=LINK_TIMEOUT_S)
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self._client.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any], key: str) -> Any:
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        try:
-            async with self._session().post(
-                self.gateway_url + path, data=orjson.dumps(body), headers=headers
-            ) as r:
-                raw = await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise ServiceError(
+    def _error(self, e: ArealClientError | ValueError) -> ServiceError:
+        if isinstance(e, ValueError):  # the client refused an argument before sending it
+            return ServiceError(400, str(e), code="invalid_value")
+        if isinstance(e, APIConnectionError):
+            return ServiceError(
                 503,
-                f"inference service at {self.gateway_url} unreachable: {e}",
+                f"inference service at {self.gateway_url} unreachable: {e.message}",
                 code="inference_unavailable",
-            ) from e
-        data = orjson.loads(raw) if raw else {}
-        if r.status >= 400:
-            err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise ServiceError(
-                r.status if r.status < 500 else 502,
-                f"inference service: {err.get('message', raw[:200])}",
-                code=err.get("code") or "inference_error",
             )
-        return data
+        if isinstance(e, APIStatusError):
+            return ServiceError(
+                e.status if e.status < 500 else 502,
+                f"inference service: {e.message}",
+                code=e.code or "inference_error",
+            )
+        return ServiceError(502, f"inference service: {e}", code="inference_error")
+
+    def _session(self, session_key: str) -> Session:
+        # The agent side keeps the key; the id is read out of it (`areal-sk-<id>.<secret>`).
+        return Session(session_of(session_key) or "", session_key, "", self.gateway_url)
 
     async def start_session(self, task_id: str) -> tuple[str, str]:
-        body: dict[str, Any] = {"task_id": task_id, "group_size": 1}
-        if self.model:
-            body["model"] = self.model
-        data = await self._post("/rl/start_session", body, self._admin)
-        s = data["sessions"][0]
-        return s["session_id"], s["session_api_key"]
+        try:
+            s = await self._client.start_session(task_id, self.model or None)
+        except (ArealClientError, ValueError) as e:
+            raise self._error(e) from e
+        return s.session_id, s.api_key
 
     async def set_reward(
         self, session_key: str, reward: float, interaction_id: str = ""
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"reward": reward}
-        if interaction_id:
-            body["interaction_id"] = interaction_id
-        return await self._post("/rl/set_reward", body, session_key)
+        try:
+            out = await self._client.set_reward(
+                self._session(session_key), reward, interaction_id=interaction_id or None
+            )
+        except (ArealClientError, ValueError) as e:
+            raise self._error(e) from e
+        return {
+            "session_id": out.session_id,
+            "interaction_id": out.interaction_id,
+            "reward": out.reward,
+        }
 
     async def export(
         self, session_id: str, style: str, discount: float, remove: bool
     ) -> list[dict[str, Any]]:
-        body = {
-            "session_ids": [session_id],
-            "style": style,
-            "discount": discount,
-            "remove_session": remove,
-        }
-        data = await self._post("/rl/export_trajectories", body, self._admin)
-        return data["rows"] if isinstance(data, dict) else data
+        try:
+            result = await self._client.export(
+                session_ids=[session_id], style=style, discount=discount, remove_session=remove
+            )
+        except (ArealClientError, ValueError) as e:
+            raise self._error(e) from e
+        return [row.to_dict() for row in result.rows]
 
     async def end_session(self, session_key: str) -> None:
-        await self._post("/rl/end_session", {}, session_key)
+        try:
+            await self._client.end_session(self._session(session_key))
+        except (ArealClientError, ValueError) as e:
+            raise self._error(e) from e

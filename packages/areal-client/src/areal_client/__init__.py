@@ -1,0 +1,74 @@
+"""areal-client: the RL and admin APIs of an areal inference service, for trainers.
+
+    from areal_client import ArealClient
+
+    with ArealClient("http://127.0.0.1:8080", admin_api_key="...") as areal:
+        group = areal.start_group(task_id="q-17", group_size=4)
+        ...
+
+See the package README for the modules and a trainer's loop.
+"""
+
+from __future__ import annotations
+
+from areal_client._version import __version__
+from areal_client.async_client import AsyncArealClient
+from areal_client.client import ArealClient
+from areal_client.errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    ArealClientError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    ExportInterruptedError,
+    InternalServerError,
+    InvalidResponseError,
+    NotFoundError,
+    PartialFailureError,
+    PermissionDeniedError,
+    RateLimitError,
+)
+from areal_client.types import (
+    ControlResult,
+    ExportResult,
+    Group,
+    ModelInfo,
+    ModelWorker,
+    Reward,
+    Session,
+    Trajectory,
+    Worker,
+    WorkerControl,
+)
+
+__all__ = [
+    "APIConnectionError",
+    "APIStatusError",
+    "APITimeoutError",
+    "ArealClient",
+    "ArealClientError",
+    "AsyncArealClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "ControlResult",
+    "ExportInterruptedError",
+    "ExportResult",
+    "Group",
+    "InternalServerError",
+    "InvalidResponseError",
+    "ModelInfo",
+    "ModelWorker",
+    "NotFoundError",
+    "PartialFailureError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "Reward",
+    "Session",
+    "Trajectory",
+    "Worker",
+    "WorkerControl",
+    "__version__",
+]

@@ -1,0 +1,219 @@
+"""`ArealClient`: the RL and admin APIs of an areal inference service, synchronous."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+
+from areal_client._api import Call, Requests, decode, decode_line, transport_error
+from areal_client._version import __version__
+from areal_client.errors import status_error
+from areal_client.types import (
+    ControlResult,
+    ExportResult,
+    Group,
+    ModelInfo,
+    Reward,
+    Session,
+    Trajectory,
+    Worker,
+)
+
+T = TypeVar("T")
+
+# Long enough for update_weights, which pauses every engine and loads a checkpoint.
+DEFAULT_TIMEOUT = 600.0
+# Room for a rollout pool's concurrent calls (share it with the SDK: `http_client`).
+DEFAULT_MAX_CONNECTIONS = 64
+
+
+def admin_key_from(admin_api_key: str | None) -> str:
+    key = admin_api_key or os.environ.get("AREAL_ADMIN_API_KEY", "")
+    if not key:
+        raise ValueError("admin_api_key is required (or set AREAL_ADMIN_API_KEY)")
+    return key
+
+
+class ArealClient:
+    """A trainer's handle on an inference service's gateway.
+
+    Calls are never retried: starting sessions and setting rewards are not idempotent, and a
+    trainer decides itself what a failed step means. Every failure is an `ArealClientError`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        admin_api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._api = Requests(base_url, admin_key_from(admin_api_key))
+        self.base_url = self._api.base_url
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections),
+            headers={"User-Agent": f"areal-client/{__version__}"},
+            transport=transport,
+        )
+
+    @property
+    def http_client(self) -> httpx.Client:
+        """The connection pool, to share with the SDK: `session.openai(http_client=...)`."""
+        return self._http
+
+    def __enter__(self) -> ArealClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _run(self, call: Call[T]) -> T:
+        try:
+            r = self._http.request(
+                call.method, call.path, content=call.content(), headers=call.request_headers()
+            )
+        except httpx.RequestError as e:
+            raise transport_error(e, call) from e
+        return decode(call, r.status_code, r.content)
+
+    # -- service ----------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._run(self._api.health())
+
+    def served_models(self) -> list[str]:
+        """Model ids of `GET /v1/models` (internal and external)."""
+        return self._run(self._api.served_models())
+
+    def list_models(self) -> list[ModelInfo]:
+        """`GET /admin/models`: every model with its workers' health and load."""
+        return self._run(self._api.list_models())
+
+    def list_workers(self) -> list[Worker]:
+        """`GET /admin/workers`: every proxy the router knows."""
+        return self._run(self._api.list_workers())
+
+    # -- sessions, rewards, trajectories ----------------------------------------------
+
+    def start_group(
+        self, task_id: str = "", group_size: int = 1, model: str | None = None
+    ) -> Group:
+        """`group_size` sessions for one task, on one proxy (`model` may be omitted when the
+        service serves one)."""
+        return self._run(self._api.start_group(task_id, group_size, model))
+
+    def start_session(self, task_id: str = "", model: str | None = None) -> Session:
+        """One session (a group of one)."""
+        return self.start_group(task_id, 1, model).sessions[0]
+
+    def set_reward(
+        self, session: Session | str, reward: float, *, interaction_id: str | None = None
+    ) -> Reward:
+        """Reward a session's last interaction (or `interaction_id`). A `Session` acts with its
+        own key; a session id acts with the admin key."""
+        return self._run(self._api.set_reward(session, reward, interaction_id))
+
+    def end_session(self, session: Session | str) -> int:
+        """End a session (its records stay exportable); returns how many were ended."""
+        return self._run(self._api.end_session(session))
+
+    def export(
+        self,
+        *,
+        group_id: str | None = None,
+        session_ids: list[str] | None = None,
+        session: Session | None = None,
+        style: str = "individual",
+        discount: float = 1.0,
+        remove_session: bool = False,
+    ) -> ExportResult:
+        """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key)."""
+        return self._run(
+            self._api.export(
+                group_id=group_id,
+                session_ids=session_ids,
+                session=session,
+                style=style,
+                discount=discount,
+                remove_session=remove_session,
+            )
+        )
+
+    def iter_export(
+        self,
+        *,
+        group_id: str | None = None,
+        session_ids: list[str] | None = None,
+        session: Session | None = None,
+        style: str = "individual",
+        discount: float = 1.0,
+        remove_session: bool = False,
+    ) -> Iterator[Trajectory]:
+        """The same rows streamed as JSON lines, one at a time (for exports too large to hold).
+
+        Arguments are checked here, before the first row is asked for; with `remove_session`
+        the gateway removes the sessions after it has sent every row.
+        """
+        call = self._api.export(
+            group_id=group_id,
+            session_ids=session_ids,
+            session=session,
+            style=style,
+            discount=discount,
+            remove_session=remove_session,
+            lines=True,
+        )
+        return self._rows(call)
+
+    def _rows(self, call: Call[Any]) -> Iterator[Trajectory]:
+        try:
+            with self._http.stream(
+                call.method, call.path, content=call.content(), headers=call.request_headers()
+            ) as r:
+                if r.status_code >= 400:
+                    raise status_error(r.status_code, r.read(), method=call.method, path=call.path)
+                index = 0
+                for line in r.iter_lines():
+                    row = decode_line(line, index)
+                    if row is not None:
+                        index += 1
+                        yield row
+        except httpx.RequestError as e:
+            raise transport_error(e, call) from e
+
+    # -- generation control -------------------------------------------------------------
+
+    def pause(self, *, model: str | None = None, worker: str | None = None) -> ControlResult:
+        """Pause generation (in-flight requests are aborted at the engine, resumed later)."""
+        return self._run(self._api.control("pause", {}, model, worker))
+
+    def resume(self, *, model: str | None = None, worker: str | None = None) -> ControlResult:
+        """`/admin/continue`: paused requests are resubmitted where they stopped."""
+        return self._run(self._api.control("continue", {}, model, worker))
+
+    def set_version(
+        self, version: int, *, model: str | None = None, worker: str | None = None
+    ) -> ControlResult:
+        return self._run(self._api.set_version(version, model, worker))
+
+    def update_weights(
+        self,
+        path: str,
+        *,
+        version: int | None = None,
+        model: str | None = None,
+        worker: str | None = None,
+    ) -> ControlResult:
+        """Pause, load the checkpoint at `path` on each engine, version + 1 (or `version`),
+        continue. `.version` of the result is the new weight version."""
+        return self._run(self._api.update_weights(path, version, model, worker))

@@ -1,0 +1,361 @@
+"""Typed results of the RL and admin APIs, each parsed from the gateway's JSON.
+
+Parsing checks every field a result needs and raises `InvalidResponseError` naming it, so a
+gateway of another version fails at the call, not later inside a trainer's loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from areal_client.errors import InvalidResponseError
+
+T = TypeVar("T")
+
+
+def _get(doc: Any, key: str, kind: type[T] | tuple[type, ...], where: str) -> T:
+    if not isinstance(doc, dict):
+        raise InvalidResponseError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    if key not in doc:
+        raise InvalidResponseError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    # bool is an int in Python; a true/false where a number belongs is a wrong answer.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        raise InvalidResponseError(
+            f"{where}: field {key!r} should be {_kind_name(kind)}, got {value!r:.80}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _opt(doc: Any, key: str, kind: type[T], where: str) -> T | None:
+    if isinstance(doc, dict) and doc.get(key) is None:
+        return None
+    return _get(doc, key, kind, where)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _number(doc: Any, key: str, where: str) -> float:
+    return float(_get(doc, key, (int, float), where))
+
+
+def _items(doc: Any, key: str, where: str) -> list[Any]:
+    return _get(doc, key, list, where)
+
+
+# -- RL API ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Session:
+    """One RL session: chats made with `api_key` are recorded on it."""
+
+    session_id: str
+    api_key: str = field(repr=False)  # a credential: kept out of logs and tracebacks
+    group_id: str
+    base_url: str
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def openai(self, **kwargs: Any) -> Any:
+        """An `openai.OpenAI` client whose calls are recorded on this session.
+
+        Needs the `openai` extra (`pip install 'areal-client[openai]'`). Keyword arguments go
+        to the SDK (`max_retries`, `timeout`, `http_client`, ...).
+        """
+        return _openai_module().OpenAI(
+            base_url=self.openai_base_url, api_key=self.api_key, **kwargs
+        )
+
+    def async_openai(self, **kwargs: Any) -> Any:
+        """An `openai.AsyncOpenAI` client bound to this session (needs the `openai` extra)."""
+        return _openai_module().AsyncOpenAI(
+            base_url=self.openai_base_url, api_key=self.api_key, **kwargs
+        )
+
+
+def _openai_module() -> Any:
+    try:
+        import openai
+    except ImportError as e:
+        raise ImportError(
+            "Session.openai() needs the OpenAI SDK: pip install 'areal-client[openai]'"
+        ) from e
+    return openai
+
+
+@dataclass(frozen=True)
+class Group:
+    """Sessions started together for one task (a GRPO group), all on one proxy."""
+
+    group_id: str
+    task_id: str
+    model: str
+    sessions: list[Session]
+
+    @classmethod
+    def from_json(cls, doc: Any, base_url: str) -> Group:
+        w = "start_session"
+        group_id = _get(doc, "group_id", str, w)
+        sessions = [
+            Session(
+                session_id=_get(s, "session_id", str, f"{w}.sessions[{i}]"),
+                api_key=_get(s, "session_api_key", str, f"{w}.sessions[{i}]"),
+                group_id=group_id,
+                base_url=base_url,
+            )
+            for i, s in enumerate(_items(doc, "sessions", w))
+        ]
+        return cls(group_id, _get(doc, "task_id", str, w), _get(doc, "model", str, w), sessions)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """What `set_reward` recorded: which interaction got which reward."""
+
+    session_id: str
+    interaction_id: str
+    reward: float
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Reward:
+        w = "set_reward"
+        return cls(
+            _get(doc, "session_id", str, w),
+            _get(doc, "interaction_id", str, w),
+            _number(doc, "reward", w),
+        )
+
+
+_ROW_FIELDS = (
+    "input_ids",
+    "loss_mask",
+    "logprobs",
+    "versions",
+    "reward",
+    "session_id",
+    "group_id",
+    "task_id",
+    "interaction_id",
+    "interaction_ids",
+    "finish_reason",
+)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One exported row (docs/services.md, "Exported row"); token lists are aligned.
+
+    `extra` keeps any field this version does not know (e.g. `agent_session_id` from an
+    agent service), so `to_dict()` gives back the row exactly as the gateway sent it.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float
+    session_id: str
+    group_id: str
+    task_id: str
+    interaction_id: str
+    interaction_ids: list[str]
+    finish_reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, doc: Any, index: int = 0) -> Trajectory:
+        w = f"export row {index}"
+        row = cls(
+            input_ids=_items(doc, "input_ids", w),
+            loss_mask=_items(doc, "loss_mask", w),
+            logprobs=_items(doc, "logprobs", w),
+            versions=_items(doc, "versions", w),
+            reward=_number(doc, "reward", w),
+            session_id=_get(doc, "session_id", str, w),
+            group_id=_get(doc, "group_id", str, w),
+            task_id=_get(doc, "task_id", str, w),
+            interaction_id=_get(doc, "interaction_id", str, w),
+            interaction_ids=_items(doc, "interaction_ids", w),
+            finish_reason=str(doc.get("finish_reason") or ""),
+            extra={k: v for k, v in doc.items() if k not in _ROW_FIELDS},
+        )
+        n = len(row.input_ids)
+        if not len(row.loss_mask) == len(row.logprobs) == len(row.versions) == n:
+            raise InvalidResponseError(
+                f"{w}: token lists differ in length (input_ids {n}, loss_mask "
+                f"{len(row.loss_mask)}, logprobs {len(row.logprobs)}, versions {len(row.versions)})"
+            )
+        return row
+
+    @property
+    def output_versions(self) -> list[int]:
+        """The weight versions that produced this row's trainable tokens."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in _ROW_FIELDS}
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The rows of one `export_trajectories` call."""
+
+    count: int
+    rows: list[Trajectory]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ExportResult:
+        rows = [Trajectory.from_json(r, i) for i, r in enumerate(_items(doc, "rows", "export"))]
+        count = doc.get("count", len(rows))
+        if count != len(rows):
+            raise InvalidResponseError(f"export: count says {count!r}, {len(rows)} rows came")
+        return cls(len(rows), rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(self.rows)
+
+
+# -- generation control ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerControl:
+    """One worker's outcome of pause/continue/set_version/update_weights."""
+
+    proxy_id: str
+    model: str
+    paused: bool | None
+    version: int | None
+    message: str
+    error: str | None  # set when this worker failed; the others' fields are then unset
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """A control call's outcome: `version` is the highest weight version any worker reports."""
+
+    action: str
+    workers: list[WorkerControl]
+    version: int | None
+
+    @property
+    def ok(self) -> bool:
+        return all(w.ok for w in self.workers)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ControlResult:
+        w = "control"
+        workers = []
+        for i, x in enumerate(_items(doc, "workers", w)):
+            wi = f"{w}.workers[{i}]"
+            error = _opt(x, "error", str, wi)
+            workers.append(
+                WorkerControl(
+                    proxy_id=_get(x, "proxy_id", str, wi),
+                    model=str(x.get("model") or ""),
+                    paused=None if error is not None else _get(x, "paused", bool, wi),
+                    version=None if error is not None else _get(x, "version", int, wi),
+                    message=str(x.get("message") or ""),
+                    error=error,
+                )
+            )
+        return cls(_get(doc, "action", str, w), workers, _opt(doc, "version", int, w))
+
+
+# -- admin listings ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelWorker:
+    """A replica of an internal model, as `GET /admin/models` lists it."""
+
+    proxy_id: str
+    address: str
+    health: str
+    inflight_requests: int
+    inflight_tokens: int
+    sessions: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    kind: str  # "internal" | "external"
+    created: int
+    workers: list[ModelWorker]
+    base_url: str | None = None  # external models only
+    upstream_model: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Any, index: int = 0) -> ModelInfo:
+        w = f"models[{index}]"
+        workers = [
+            ModelWorker(
+                proxy_id=_get(x, "proxy_id", str, f"{w}.workers[{i}]"),
+                address=_get(x, "address", str, f"{w}.workers[{i}]"),
+                health=_get(x, "health", str, f"{w}.workers[{i}]"),
+                inflight_requests=int(x.get("inflight_requests") or 0),
+                inflight_tokens=int(x.get("inflight_tokens") or 0),
+                sessions=int(x.get("sessions") or 0),
+            )
+            for i, x in enumerate(_items(doc, "workers", w))
+        ]
+        return cls(
+            name=_get(doc, "name", str, w),
+            kind=_get(doc, "kind", str, w),
+            created=int(doc.get("created") or 0),
+            workers=workers,
+            base_url=_opt(doc, "base_url", str, w),
+            upstream_model=_opt(doc, "upstream_model", str, w),
+        )
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A proxy the router knows (`GET /admin/workers`)."""
+
+    proxy_id: str
+    address: str
+    model: str
+    kind: str  # "inference" | "agent" | "unspecified"
+    health: str  # "healthy" | "unhealthy" | "draining" | "unknown"
+    inflight_requests: int
+    inflight_tokens: int
+    sessions: int
+    last_seen_unix_ms: int
+    last_error: str
+    labels: dict[str, str]
+
+    @classmethod
+    def from_json(cls, doc: Any, index: int = 0) -> Worker:
+        w = f"workers[{index}]"
+        return cls(
+            proxy_id=_get(doc, "proxy_id", str, w),
+            address=_get(doc, "address", str, w),
+            model=_get(doc, "model", str, w),
+            kind=str(doc.get("kind") or "unspecified"),
+            health=_get(doc, "health", str, w),
+            inflight_requests=int(doc.get("inflight_requests") or 0),
+            inflight_tokens=int(doc.get("inflight_tokens") or 0),
+            sessions=int(doc.get("sessions") or 0),
+            last_seen_unix_ms=int(doc.get("last_seen_unix_ms") or 0),
+            last_error=str(doc.get("last_error") or ""),
+            labels=dict(doc.get("labels") or {}),
+        )

@@ -1,0 +1,93 @@
+"""A fake gateway for httpx.MockTransport: canned answers per (method, path), every request kept.
+
+The answers are shaped as packages/areal-gateway/src/areal_gateway/{rl,admin,control}.py
+write them (docs/services.md), so the tests check the client against the documented API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+BASE = "http://gw.test:8080"
+ADMIN = "admin-key"
+SESSION_KEY = "areal-sk-sess-1.secret"
+
+
+def row(i: int = 0, **over: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "session_id": f"sess-{i}",
+        "group_id": "group-1",
+        "task_id": "t-1",
+        "interaction_id": f"chatcmpl-{i}",
+        "reward": float(i),
+        "finish_reason": "stop",
+        "input_ids": [1, 2, 3, 4],
+        "loss_mask": [0, 0, 1, 1],
+        "logprobs": [0.0, 0.0, -0.5, -0.25],
+        "versions": [-1, -1, 3, 3],
+        "interaction_ids": [f"chatcmpl-{i}"],
+    }
+    out.update(over)
+    return out
+
+
+def group_answer(n: int = 2, model: str = "tiny") -> dict[str, Any]:
+    return {
+        "group_id": "group-1",
+        "task_id": "t-1",
+        "model": model,
+        "sessions": [
+            {"session_id": f"sess-{i}", "session_api_key": f"areal-sk-sess-{i}.s{i}"}
+            for i in range(n)
+        ],
+    }
+
+
+def control_answer(action: str, *workers: dict[str, Any]) -> dict[str, Any]:
+    ws = list(workers) or [
+        {"proxy_id": "p0", "model": "tiny", "paused": False, "version": 4, "message": ""}
+    ]
+    versions = [w["version"] for w in ws if "version" in w]
+    return {"action": action, "workers": ws, "version": max(versions) if versions else None}
+
+
+Answer = httpx.Response | Callable[[httpx.Request], httpx.Response]
+
+
+@dataclass
+class FakeGateway:
+    answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
+    requests: list[httpx.Request] = field(default_factory=list)
+
+    def on(self, method: str, path: str, answer: Answer | Any, status: int = 200) -> None:
+        if not isinstance(answer, httpx.Response) and not callable(answer):
+            answer = httpx.Response(status, json=answer)
+        self.answers[(method, path)] = answer
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.get((request.method, request.url.path))
+        if answer is None:
+            return httpx.Response(
+                404, json={"error": {"message": "no route", "type": "x", "code": "no_route"}}
+            )
+        return answer(request) if callable(answer) else answer
+
+    @property
+    def last(self) -> httpx.Request:
+        return self.requests[-1]
+
+    def last_body(self) -> Any:
+        return json.loads(self.last.content)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+
+def bearer(request: httpx.Request) -> str:
+    return request.headers["Authorization"].removeprefix("Bearer ")

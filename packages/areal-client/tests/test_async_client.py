@@ -1,0 +1,161 @@
+"""AsyncArealClient: the same requests and results as ArealClient, awaited."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from client_fakes import ADMIN, BASE, FakeGateway, bearer, control_answer, group_answer, row
+
+from areal_client import (
+    APIConnectionError,
+    APITimeoutError,
+    ArealClient,
+    AsyncArealClient,
+    ExportInterruptedError,
+    NotFoundError,
+    PartialFailureError,
+    Session,
+)
+
+S = Session("sess-0", "areal-sk-sess-0.s0", "group-1", BASE)
+
+# (method name, args, kwargs) for every call both clients have.
+CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("health", (), {}),
+    ("served_models", (), {}),
+    ("list_models", (), {}),
+    ("list_workers", (), {}),
+    ("start_group", ("t-1", 2, "tiny"), {}),
+    ("start_session", ("t-1",), {}),
+    ("set_reward", (S, 0.5), {"interaction_id": "c-1"}),
+    ("set_reward", ("sess-0", 1.0), {}),
+    ("end_session", (S,), {}),
+    ("end_session", ("sess-0",), {}),
+    ("export", (), {"group_id": "group-1", "style": "concat", "discount": 0.5}),
+    ("export", (), {"session": S, "remove_session": True}),
+    ("pause", (), {"model": "tiny"}),
+    ("resume", (), {"worker": "p0"}),
+    ("set_version", (3,), {}),
+    ("update_weights", ("/ckpt",), {"version": 9}),
+]
+
+
+def _gateway() -> FakeGateway:
+    gw = FakeGateway()
+    gw.on("GET", "/health", {"status": "ok"})
+    gw.on("GET", "/v1/models", {"data": [{"id": "tiny"}]})
+    gw.on("GET", "/admin/models", {"models": []})
+    gw.on("GET", "/admin/workers", {"workers": []})
+
+    def start(request: httpx.Request) -> httpx.Response:
+        n = json.loads(request.content)["group_size"]
+        return httpx.Response(201, json=group_answer(n))
+
+    gw.on("POST", "/rl/start_session", start)
+    gw.on("POST", "/rl/set_reward", {"session_id": "sess-0", "interaction_id": "c-1", "reward": 1})
+    gw.on("POST", "/rl/end_session", {"ended": 1})
+    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)]})
+    for action in ("pause", "continue", "set_version", "update_weights"):
+        gw.on("POST", f"/admin/{action}", control_answer(action))
+    return gw
+
+
+def _shape(r: httpx.Request) -> tuple[Any, ...]:
+    headers = {
+        k: v
+        for k, v in r.headers.items()
+        if k.lower() in ("authorization", "accept", "content-type")
+    }
+    return (r.method, str(r.url), headers, json.loads(r.content) if r.content else None)
+
+
+async def test_both_clients_send_the_same_requests_and_read_the_same_results() -> None:
+    sync_gw, async_gw = _gateway(), _gateway()
+    with ArealClient(BASE, ADMIN, transport=sync_gw.transport()) as c:
+        sync_results = [getattr(c, name)(*a, **kw) for name, a, kw in CALLS]
+    async with AsyncArealClient(BASE, ADMIN, transport=async_gw.transport()) as ac:
+        async_results = [await getattr(ac, name)(*a, **kw) for name, a, kw in CALLS]
+    assert [_shape(r) for r in async_gw.requests] == [_shape(r) for r in sync_gw.requests]
+    assert async_results == sync_results
+    assert len(sync_gw.requests) == len(CALLS)
+
+
+async def test_async_iter_export_streams_rows_then_raises_on_an_error_line() -> None:
+    gw = FakeGateway()
+    err = {"error": {"message": "export failed", "type": "api_error", "code": "store"}}
+    gw.on(
+        "POST",
+        "/rl/export_trajectories",
+        httpx.Response(
+            200,
+            content=(
+                json.dumps(row(0)) + "\n" + json.dumps(row(1)) + "\n" + json.dumps(err) + "\n"
+            ).encode(),
+            headers={"Content-Type": "application/x-ndjson"},
+        ),
+    )
+    async with AsyncArealClient(BASE, ADMIN, transport=gw.transport()) as ac:
+        got = []
+        with pytest.raises(ExportInterruptedError) as info:
+            async for r in ac.iter_export(session_ids=["sess-0", "sess-1"]):
+                got.append(r.to_dict())
+    assert got == [row(0), row(1)]
+    assert info.value.rows_read == 2 and info.value.code == "store"
+    assert gw.last.headers["Accept"] == "application/x-ndjson" and bearer(gw.last) == ADMIN
+
+
+async def test_async_errors_are_the_same_types() -> None:
+    gw = FakeGateway()
+    gw.on(
+        "POST",
+        "/rl/export_trajectories",
+        {"error": {"message": "gone", "type": "not_found_error", "code": "session_not_found"}},
+        404,
+    )
+    gw.on(
+        "POST",
+        "/admin/update_weights",
+        control_answer(
+            "update_weights",
+            {"proxy_id": "p0", "model": "m", "paused": False, "version": 2, "message": ""},
+            {"proxy_id": "p1", "model": "m", "error": "boom"},
+        ),
+        207,
+    )
+    async with AsyncArealClient(BASE, ADMIN, transport=gw.transport()) as ac:
+        with pytest.raises(NotFoundError) as nf:
+            await ac.export(session_ids=["s"])
+        assert nf.value.code == "session_not_found"
+        with pytest.raises(NotFoundError):
+            async for _ in ac.iter_export(session_ids=["s"]):
+                pass
+        with pytest.raises(PartialFailureError) as pf:
+            await ac.update_weights("/ckpt")
+        assert pf.value.result.version == 2
+        with pytest.raises(ValueError, match="exactly one"):
+            ac.iter_export()  # refused before any request
+
+
+async def test_async_connection_errors() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.PoolTimeout("pool", request=request)
+
+    async with AsyncArealClient(BASE, ADMIN, transport=httpx.MockTransport(refuse)) as ac:
+        with pytest.raises(APIConnectionError) as info:
+            await ac.start_session()
+        assert not isinstance(info.value, APITimeoutError)
+    async with AsyncArealClient(BASE, ADMIN, transport=httpx.MockTransport(slow)) as ac:
+        with pytest.raises(APITimeoutError):
+            async for _ in ac.iter_export(group_id="g"):
+                pass

@@ -1,0 +1,508 @@
+"""ArealClient against a fake gateway (httpx.MockTransport): requests, results, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from client_fakes import (
+    ADMIN,
+    BASE,
+    FakeGateway,
+    bearer,
+    control_answer,
+    group_answer,
+    row,
+)
+
+from areal_client import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    ArealClient,
+    ArealClientError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    ExportInterruptedError,
+    InternalServerError,
+    InvalidResponseError,
+    NotFoundError,
+    PartialFailureError,
+    RateLimitError,
+    Session,
+    Trajectory,
+)
+
+
+@pytest.fixture
+def gw() -> FakeGateway:
+    return FakeGateway()
+
+
+@pytest.fixture
+def areal(gw: FakeGateway):
+    with ArealClient(BASE + "/", ADMIN, transport=gw.transport()) as client:
+        yield client
+
+
+def _session(i: int = 0) -> Session:
+    return Session(f"sess-{i}", f"areal-sk-sess-{i}.s{i}", "group-1", BASE)
+
+
+# -- construction ---------------------------------------------------------------------
+
+
+def test_admin_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_ADMIN_API_KEY", "from-env")
+    gw = FakeGateway()
+    gw.on("GET", "/v1/models", {"object": "list", "data": [{"id": "tiny"}]})
+    with ArealClient(BASE, transport=gw.transport()) as c:
+        assert c.served_models() == ["tiny"]
+    assert bearer(gw.last) == "from-env"
+
+
+def test_missing_admin_key_and_bad_url_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AREAL_ADMIN_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="AREAL_ADMIN_API_KEY"):
+        ArealClient(BASE)
+    with pytest.raises(ValueError, match="http"):
+        ArealClient("gw.test:8080", ADMIN)
+
+
+# -- RL API -----------------------------------------------------------------------------
+
+
+def test_start_group_sends_admin_request_and_returns_typed_group(areal, gw) -> None:
+    gw.on("POST", "/rl/start_session", group_answer(2), 201)
+    group = areal.start_group(task_id="t-1", group_size=2, model="tiny")
+    req = gw.last
+    assert req.url == BASE + "/rl/start_session"
+    assert bearer(req) == ADMIN
+    assert req.headers["Content-Type"] == "application/json"
+    assert req.headers["User-Agent"].startswith("areal-client/")
+    assert gw.last_body() == {"task_id": "t-1", "group_size": 2, "model": "tiny"}
+    assert (group.group_id, group.task_id, group.model) == ("group-1", "t-1", "tiny")
+    assert [s.session_id for s in group.sessions] == ["sess-0", "sess-1"]
+    s = group.sessions[1]
+    assert s.api_key == "areal-sk-sess-1.s1" and s.group_id == "group-1"
+    assert s.base_url == BASE and s.openai_base_url == BASE + "/v1"
+    assert "areal-sk" not in repr(s)  # the key is a credential
+
+
+def test_start_session_omits_model_when_not_given(areal, gw) -> None:
+    gw.on("POST", "/rl/start_session", group_answer(1), 201)
+    s = areal.start_session(task_id="t-1")
+    assert gw.last_body() == {"task_id": "t-1", "group_size": 1}
+    assert s.session_id == "sess-0"
+
+
+@pytest.mark.parametrize("size", [0, -1, 1025, True, 2.0, "4"])
+def test_bad_group_size_is_refused_before_sending(areal, gw, size) -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        areal.start_group(task_id="t", group_size=size)
+    assert gw.requests == []
+
+
+def test_a_group_of_the_wrong_size_is_an_invalid_response(areal, gw) -> None:
+    gw.on("POST", "/rl/start_session", group_answer(1), 201)
+    with pytest.raises(InvalidResponseError, match="asked for 3 sessions, got 1"):
+        areal.start_group(group_size=3)
+
+
+def test_set_reward_with_a_session_uses_its_key(areal, gw) -> None:
+    gw.on(
+        "POST",
+        "/rl/set_reward",
+        {"session_id": "sess-0", "interaction_id": "chatcmpl-9", "reward": 0.5},
+    )
+    out = areal.set_reward(_session(0), 0.5, interaction_id="chatcmpl-9")
+    assert bearer(gw.last) == "areal-sk-sess-0.s0"
+    assert gw.last_body() == {"reward": 0.5, "interaction_id": "chatcmpl-9"}
+    assert (out.session_id, out.interaction_id, out.reward) == ("sess-0", "chatcmpl-9", 0.5)
+
+
+def test_set_reward_with_a_session_id_uses_the_admin_key(areal, gw) -> None:
+    gw.on("POST", "/rl/set_reward", {"session_id": "sess-3", "interaction_id": "c", "reward": 1})
+    out = areal.set_reward("sess-3", 1)
+    assert bearer(gw.last) == ADMIN
+    assert gw.last_body() == {"reward": 1.0, "session_id": "sess-3"}
+    assert out.reward == 1.0 and isinstance(out.reward, float)
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, "1", None, True])
+def test_bad_reward_is_refused_before_sending(areal, gw, reward) -> None:
+    with pytest.raises(ValueError, match="reward"):
+        areal.set_reward(_session(), reward)
+    with pytest.raises(ValueError, match="Session"):
+        areal.set_reward("", 1.0)
+    assert gw.requests == []
+
+
+def test_end_session_by_key_and_by_id(areal, gw) -> None:
+    gw.on("POST", "/rl/end_session", {"ended": 1})
+    assert areal.end_session(_session(0)) == 1
+    assert bearer(gw.last) == "areal-sk-sess-0.s0" and gw.last_body() == {}
+    assert areal.end_session("sess-7") == 1
+    assert bearer(gw.last) == ADMIN and gw.last_body() == {"session_ids": ["sess-7"]}
+
+
+def test_export_by_group_returns_typed_rows(areal, gw) -> None:
+    extra = row(1, agent_session_id="agent-1")
+    gw.on("POST", "/rl/export_trajectories", {"count": 2, "rows": [row(0), extra]})
+    result = areal.export(group_id="group-1", style="concat", discount=0.9, remove_session=True)
+    assert bearer(gw.last) == ADMIN
+    assert "x-ndjson" not in gw.last.headers.get("Accept", "")
+    assert gw.last_body() == {
+        "group_id": "group-1",
+        "style": "concat",
+        "discount": 0.9,
+        "remove_session": True,
+    }
+    assert result.count == len(result) == 2
+    first, second = result
+    assert isinstance(first, Trajectory)
+    assert first.input_ids == [1, 2, 3, 4] and first.loss_mask == [0, 0, 1, 1]
+    assert first.logprobs == [0.0, 0.0, -0.5, -0.25] and first.versions == [-1, -1, 3, 3]
+    assert first.output_versions == [3, 3]
+    assert (first.session_id, first.interaction_id, first.reward) == ("sess-0", "chatcmpl-0", 0.0)
+    assert first.extra == {} and second.extra == {"agent_session_id": "agent-1"}
+    assert second.to_dict() == extra  # round trip, unknown fields kept
+
+
+def test_export_by_session_ids_or_own_session(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", {"count": 0, "rows": []})
+    assert areal.export(session_ids=["sess-1", "sess-2"]).rows == []
+    assert bearer(gw.last) == ADMIN
+    assert gw.last_body()["session_ids"] == ["sess-1", "sess-2"]
+    areal.export(session=_session(4))
+    assert bearer(gw.last) == "areal-sk-sess-4.s4"
+    assert gw.last_body()["session_ids"] == ["sess-4"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "exactly one"),
+        ({"group_id": "g", "session_ids": ["s"]}, "exactly one"),
+        ({"group_id": "g", "style": "flat"}, "style"),
+        ({"group_id": "g", "discount": 1.5}, "discount"),
+        ({"group_id": "g", "remove_session": "yes"}, "remove_session"),
+        ({"session_ids": ["ok", ""]}, "session_ids"),
+    ],
+)
+def test_bad_export_arguments_are_refused(areal, gw, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        areal.export(**kwargs)
+    with pytest.raises(ValueError, match=match):
+        areal.iter_export(**kwargs)  # checked eagerly, before the first row is asked for
+    assert gw.requests == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (row(0, loss_mask=[0, 1]), "differ in length"),
+        ({k: v for k, v in row(0).items() if k != "input_ids"}, "missing field 'input_ids'"),
+        (row(0, reward="high"), "'reward' should be int or float"),
+        (row(0, session_id=7), "'session_id' should be str"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_malformed_rows_are_invalid_responses(areal, gw, bad, match) -> None:
+    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [bad]})
+    with pytest.raises(InvalidResponseError, match=match):
+        areal.export(group_id="g")
+
+
+def test_export_count_must_match_rows(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", {"count": 3, "rows": [row(0)]})
+    with pytest.raises(InvalidResponseError, match="count"):
+        areal.export(group_id="g")
+
+
+# -- NDJSON export ------------------------------------------------------------------------
+
+
+def _ndjson(*lines: bytes) -> httpx.Response:
+    return httpx.Response(
+        200, content=b"".join(lines), headers={"Content-Type": "application/x-ndjson"}
+    )
+
+
+def test_iter_export_asks_for_json_lines_and_yields_rows(areal, gw) -> None:
+    body = (json.dumps(row(0)) + "\n\n" + json.dumps(row(1)) + "\n").encode()
+    gw.on("POST", "/rl/export_trajectories", _ndjson(body))
+    rows = list(areal.iter_export(group_id="group-1", remove_session=True))
+    assert gw.last.headers["Accept"] == "application/x-ndjson"
+    assert gw.last_body()["remove_session"] is True
+    assert [r.interaction_id for r in rows] == ["chatcmpl-0", "chatcmpl-1"]
+    assert rows[1].to_dict() == row(1)
+
+
+def test_iter_export_error_line_raises_after_the_rows_before_it(areal, gw) -> None:
+    err = {"error": {"message": "proxy p1 went away", "type": "api_error", "code": "upstream"}}
+    gw.on(
+        "POST",
+        "/rl/export_trajectories",
+        _ndjson(json.dumps(row(0)).encode() + b"\n", json.dumps(err).encode() + b"\n"),
+    )
+    got = []
+    with pytest.raises(ExportInterruptedError) as info:
+        for r in areal.iter_export(session_ids=["sess-0", "sess-1"]):
+            got.append(r)
+    assert [r.session_id for r in got] == ["sess-0"]
+    assert info.value.rows_read == 1 and info.value.code == "upstream"
+    assert "proxy p1 went away" in str(info.value)
+
+
+def test_iter_export_error_status_is_a_typed_error(areal, gw) -> None:
+    gw.on(
+        "POST",
+        "/rl/export_trajectories",
+        {
+            "error": {
+                "message": "no group 'g'",
+                "type": "not_found_error",
+                "code": "group_not_found",
+            }
+        },
+        404,
+    )
+    with pytest.raises(NotFoundError) as info:
+        list(areal.iter_export(group_id="g"))
+    assert info.value.code == "group_not_found" and info.value.message == "no group 'g'"
+
+
+def test_iter_export_line_that_is_not_json(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", _ndjson(b"<html>\n"))
+    with pytest.raises(InvalidResponseError, match="line 0 is not JSON"):
+        list(areal.iter_export(group_id="g"))
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, BadRequestError),
+        (401, AuthenticationError),
+        (404, NotFoundError),
+        (409, ConflictError),
+        (413, APIStatusError),
+        (429, RateLimitError),
+        (502, InternalServerError),
+        (503, InternalServerError),
+    ],
+)
+def test_openai_shaped_errors_map_to_typed_errors(areal, gw, status, cls) -> None:
+    err = {"message": "bad thing", "type": "some_type", "code": "some_code", "param": "model"}
+    gw.on("POST", "/rl/start_session", {"error": err}, status)
+    with pytest.raises(cls) as info:
+        areal.start_group(task_id="t")
+    e = info.value
+    assert isinstance(e, APIStatusError) and isinstance(e, ArealClientError)
+    assert (e.status, e.message, e.code, e.type, e.param) == (
+        status,
+        "bad thing",
+        "some_code",
+        "some_type",
+        "model",
+    )
+    assert str(e) == f"POST /rl/start_session: HTTP {status}: bad thing (some_code)"
+
+
+def test_an_error_body_that_is_not_the_gateways_shows_its_text(areal, gw) -> None:
+    gw.on("GET", "/admin/workers", httpx.Response(502, text="<h1>Bad   Gateway</h1>\n"))
+    with pytest.raises(InternalServerError) as info:
+        areal.list_workers()
+    assert info.value.message == "<h1>Bad Gateway</h1>" and info.value.code is None
+
+
+def test_a_success_that_is_not_json_is_an_invalid_response(areal, gw) -> None:
+    gw.on("GET", "/admin/models", httpx.Response(200, text="hello"))
+    with pytest.raises(InvalidResponseError, match="not JSON"):
+        areal.list_models()
+
+
+def test_connection_failures_and_timeouts(gw) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with ArealClient(BASE, ADMIN, transport=httpx.MockTransport(refuse)) as c:
+        with pytest.raises(APIConnectionError) as info:
+            c.start_group()
+        assert not isinstance(info.value, APITimeoutError)
+        assert "ConnectError" in str(info.value) and info.value.path == "/rl/start_session"
+        with pytest.raises(APIConnectionError):
+            list(c.iter_export(group_id="g"))
+    with (
+        ArealClient(BASE, ADMIN, transport=httpx.MockTransport(slow)) as c,
+        pytest.raises(APITimeoutError),
+    ):
+        c.update_weights("/ckpt")
+
+
+# -- generation control -------------------------------------------------------------------
+
+
+def test_control_calls_send_their_bodies(areal, gw) -> None:
+    for action in ("pause", "continue", "set_version", "update_weights"):
+        gw.on("POST", f"/admin/{action}", control_answer(action))
+    assert areal.pause(model="tiny").action == "pause"
+    assert gw.last_body() == {"model": "tiny"}
+    areal.resume(worker="p0")
+    assert gw.last.url.path == "/admin/continue" and gw.last_body() == {"worker": "p0"}
+    areal.set_version(7)
+    assert gw.last_body() == {"version": 7}
+    result = areal.update_weights("/ckpt/step-3", version=4)
+    assert gw.last_body() == {"path": "/ckpt/step-3", "version": 4}
+    assert bearer(gw.last) == ADMIN
+    assert result.ok and result.version == 4
+    [w] = result.workers
+    assert (w.proxy_id, w.model, w.paused, w.version, w.error) == ("p0", "tiny", False, 4, None)
+
+
+@pytest.mark.parametrize("version", [-1, True, "3"])
+def test_bad_versions_and_paths_are_refused(areal, gw, version) -> None:
+    with pytest.raises(ValueError, match="version"):
+        areal.set_version(version)
+    with pytest.raises(ValueError, match="version"):
+        areal.update_weights("/ckpt", version=version)
+    with pytest.raises(ValueError, match="path"):
+        areal.update_weights("")
+    assert gw.requests == []
+
+
+def test_partial_control_failure_raises_with_every_workers_outcome(areal, gw) -> None:
+    gw.on(
+        "POST",
+        "/admin/update_weights",
+        control_answer(
+            "update_weights",
+            {"proxy_id": "p0", "model": "tiny", "paused": False, "version": 5, "message": ""},
+            {"proxy_id": "p1", "model": "tiny", "error": "engine refused the checkpoint"},
+        ),
+        207,
+    )
+    with pytest.raises(PartialFailureError) as info:
+        areal.update_weights("/ckpt")
+    e = info.value
+    assert e.status == 207 and "p1: engine refused the checkpoint" in e.message
+    assert e.result.version == 5 and not e.result.ok
+    assert [w.ok for w in e.result.workers] == [True, False]
+
+
+def test_control_failing_on_every_worker_names_their_errors(areal, gw) -> None:
+    gw.on(
+        "POST",
+        "/admin/pause",
+        control_answer("pause", {"proxy_id": "p0", "model": "tiny", "error": "unreachable"}),
+        503,
+    )
+    with pytest.raises(InternalServerError) as info:
+        areal.pause()
+    assert info.value.status == 503 and info.value.message == "p0: unreachable"
+
+
+# -- admin listings -----------------------------------------------------------------------
+
+
+def test_list_models_and_workers(areal, gw) -> None:
+    worker = {
+        "proxy_id": "tiny-data-proxy-0",
+        "address": "127.0.0.1:5001",
+        "health": "healthy",
+        "inflight_requests": 2,
+        "inflight_tokens": 40,
+        "sessions": 3,
+    }
+    gw.on(
+        "GET",
+        "/admin/models",
+        {
+            "models": [
+                {
+                    "name": "gpt",
+                    "kind": "external",
+                    "created": 5,
+                    "base_url": "https://x/v1",
+                    "upstream_model": "gpt-4o",
+                    "workers": [],
+                },
+                {"name": "tiny", "kind": "internal", "created": 6, "workers": [worker]},
+            ]
+        },
+    )
+    gw.on(
+        "GET",
+        "/admin/workers",
+        {
+            "workers": [
+                {
+                    **worker,
+                    "model": "tiny",
+                    "kind": "inference",
+                    "last_seen_unix_ms": 9,
+                    "last_error": "",
+                    "labels": {"rank": "0"},
+                }
+            ]
+        },
+    )
+    ext, tiny = areal.list_models()
+    assert bearer(gw.last) == ADMIN
+    assert (ext.kind, ext.base_url, ext.upstream_model, ext.workers) == (
+        "external",
+        "https://x/v1",
+        "gpt-4o",
+        [],
+    )
+    [mw] = tiny.workers
+    assert (mw.proxy_id, mw.health, mw.inflight_tokens, mw.sessions) == (
+        "tiny-data-proxy-0",
+        "healthy",
+        40,
+        3,
+    )
+    assert tiny.base_url is None
+    [w] = areal.list_workers()
+    assert (w.model, w.kind, w.address, w.labels) == (
+        "tiny",
+        "inference",
+        "127.0.0.1:5001",
+        {"rank": "0"},
+    )
+
+
+def test_health_needs_no_key(areal, gw) -> None:
+    gw.on("GET", "/health", {"status": "ok"})
+    assert areal.health() == {"status": "ok"}
+    assert "Authorization" not in gw.last.headers
+
+
+# -- the OpenAI SDK helper ----------------------------------------------------------------
+
+
+def test_session_openai_is_bound_to_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    openai = pytest.importorskip("openai")
+    s = _session(2)
+    sync, aio = s.openai(max_retries=0), s.async_openai(max_retries=0)
+    assert isinstance(sync, openai.OpenAI) and isinstance(aio, openai.AsyncOpenAI)
+    for c in (sync, aio):
+        assert str(c.base_url).rstrip("/") == BASE + "/v1"
+        assert c.api_key == "areal-sk-sess-2.s2"
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"areal-client\[openai\]"):
+        s.openai()
