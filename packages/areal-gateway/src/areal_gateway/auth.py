@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import PermissionDenied, Unauthenticated
 from areal_runtime.session_keys import session_of
 
 
@@ -48,10 +48,8 @@ class Authenticator:
     # --- the one check ---
     def authenticate(self, key: str | None) -> Principal:
         if not key:
-            raise ServiceError(
-                401,
-                "Missing API key: send 'Authorization: Bearer <key>'.",
-                code="missing_api_key",
+            raise Unauthenticated(
+                "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
             )
         if hmac.compare_digest(key.encode(), self._admin):
             return Principal(api_key=key, is_admin=True)
@@ -62,7 +60,7 @@ class Authenticator:
             session_id = session_of(key)
         if session_id is not None:
             return Principal(api_key=key, is_admin=False, session_id=session_id)
-        raise ServiceError(401, "Invalid API key.", code="invalid_api_key")
+        raise Unauthenticated("Invalid API key.", code="invalid_api_key")
 
     def principal(self, request: Request) -> Principal:
         return self.authenticate(bearer_key(request.headers.get("authorization")))
@@ -79,4 +77,4 @@ def bearer_key(header: str | None) -> str | None:
 
 def require_admin(principal: Principal) -> None:
     if not principal.is_admin:
-        raise ServiceError(403, "This endpoint needs the admin key.", code="admin_key_required")
+        raise PermissionDenied("This endpoint needs the admin key.", code="admin_key_required")

@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +28,22 @@ def normalize_base_url(base_url: str) -> str:
     try:
         parts = urlsplit(base_url.strip())
     except ValueError as exc:
-        raise ServiceError(400, f"base_url is not a URL: {exc}", param="base_url") from None
+        raise InvalidRequest(f"base_url is not a URL: {exc}", param="base_url") from None
     if parts.scheme not in ("http", "https"):
-        raise ServiceError(
-            400, "base_url must be an http:// or https:// URL", param="base_url", code="invalid_url"
+        raise InvalidRequest(
+            "base_url must be an http:// or https:// URL", code="invalid_url", param="base_url"
         )
     if not parts.hostname:
-        raise ServiceError(400, "base_url has no host", param="base_url", code="invalid_url")
+        raise InvalidRequest("base_url has no host", code="invalid_url", param="base_url")
     if parts.username or parts.password:
-        raise ServiceError(
-            400,
+        raise InvalidRequest(
             "base_url must not carry credentials; pass the key as api_key",
-            param="base_url",
             code="invalid_url",
+            param="base_url",
         )
     if parts.query or parts.fragment:
-        raise ServiceError(
-            400, "base_url must not have a query or fragment", param="base_url", code="invalid_url"
+        raise InvalidRequest(
+            "base_url must not have a query or fragment", code="invalid_url", param="base_url"
         )
     return base_url.strip().rstrip("/")
 
@@ -70,25 +69,22 @@ class ExternalForwarder:
                 url + "/models", headers=_auth_headers(api_key), timeout=VALIDATE_TIMEOUT
             )
         except httpx.TimeoutException:
-            raise ServiceError(
-                400,
+            raise InvalidRequest(
                 f"base_url check failed: GET {url}/models did not answer within {VALIDATE_TIMEOUT:g} s",
-                param="base_url",
                 code="invalid_url",
+                param="base_url",
             ) from None
         except httpx.HTTPError as exc:
-            raise ServiceError(
-                400,
+            raise InvalidRequest(
                 f"base_url check failed: GET {url}/models: {type(exc).__name__}: {exc}",
-                param="base_url",
                 code="invalid_url",
+                param="base_url",
             ) from None
         if resp.status_code != 200:
-            raise ServiceError(
-                400,
+            raise InvalidRequest(
                 f"base_url check failed: GET {url}/models answered {resp.status_code} (expected 200)",
-                param="base_url",
                 code="invalid_url",
+                param="base_url",
             )
         return url
 
@@ -118,15 +114,10 @@ class ExternalForwarder:
         try:
             return await self._client.send(request, stream=True)
         except httpx.TimeoutException:
-            raise ServiceError(
-                504, f"external model {model.name} did not answer in time", code="upstream_timeout"
-            ) from None
+            raise UpstreamTimeout(f"external model {model.name} did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise ServiceError(
-                502,
-                f"external model {model.name} failed: {type(exc).__name__}",
-                type="api_error",
-                code="upstream_error",
+            raise UpstreamError(
+                f"external model {model.name} failed: {type(exc).__name__}"
             ) from None
 
     @staticmethod
@@ -134,16 +125,9 @@ class ExternalForwarder:
         try:
             return await resp.aread()
         except httpx.TimeoutException:
-            raise ServiceError(
-                504, f"external model {name} did not answer in time", code="upstream_timeout"
-            ) from None
+            raise UpstreamTimeout(f"external model {name} did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise ServiceError(
-                502,
-                f"external model {name} failed: {type(exc).__name__}",
-                type="api_error",
-                code="upstream_error",
-            ) from None
+            raise UpstreamError(f"external model {name} failed: {type(exc).__name__}") from None
         finally:
             await resp.aclose()
 
@@ -154,16 +138,9 @@ class ExternalForwarder:
                 if chunk:
                     yield chunk
         except httpx.TimeoutException:
-            raise ServiceError(
-                504, f"external model {name} did not answer in time", code="upstream_timeout"
-            ) from None
+            raise UpstreamTimeout(f"external model {name} did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise ServiceError(
-                502,
-                f"external model {name} failed: {type(exc).__name__}",
-                type="api_error",
-                code="upstream_error",
-            ) from None
+            raise UpstreamError(f"external model {name} failed: {type(exc).__name__}") from None
         finally:
             await resp.aclose()
 

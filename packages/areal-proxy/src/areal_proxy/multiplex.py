@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_runtime.batching import take_batch
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InvalidRequest, ServiceError
 
 if TYPE_CHECKING:
     from areal_proxy.service import ProxyServicer
@@ -94,7 +94,7 @@ class GenerateStream:
                 elif frame.id in self.tasks:
                     self._emit_error(
                         frame.id,
-                        ServiceError(400, f"request id {frame.id} is already in use"),
+                        InvalidRequest(f"request id {frame.id} is already in use"),
                     )
                 else:
                     task = asyncio.ensure_future(self._serve(frame))
@@ -112,7 +112,7 @@ class GenerateStream:
         stream = request.envelope.stream
         rpc = _RPC_NAMES.get((frame.kind, stream))
         if rpc is None:
-            self._emit_error(rid, ServiceError(400, f"unknown generation kind {frame.kind}"))
+            self._emit_error(rid, InvalidRequest(f"unknown generation kind {frame.kind}"))
             return
         handler = self.servicer.handler
         work: Callable[[], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""OpenAI request bodies -> typed requests, or ServiceError(400) naming the bad param.
+"""OpenAI request bodies -> typed requests, or InvalidRequest (400) naming the bad param.
 
 Unknown fields are accepted and ignored; the sampling extensions engines know (top_k,
 min_p, repetition_penalty, ignore_eos, seed, stop_token_ids, logit_bias ...) are kept.
@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InvalidRequest
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
@@ -23,8 +23,8 @@ _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
 
 def bad(
     message: str, param: str | None = None, code: str | None = "invalid_request"
-) -> ServiceError:
-    return ServiceError(400, message, param=param, code=code)
+) -> InvalidRequest:
+    return InvalidRequest(message, param=param, code=code)
 
 
 @dataclass(slots=True)

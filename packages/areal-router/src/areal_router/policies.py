@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from areal_router.registry import EXTERNAL, HEALTH_NAMES, ModelState, ProxyState, Registry
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    InvalidRequest,
+    NoHealthyReplica,
+    NotFound,
+    ServiceError,
+    SessionNotFound,
+    Unavailable,
+    UnknownModel,
+)
 
 POLICY_NAMES = ("round_robin", "least_loaded", "power_of_two", "session_affinity", "cache_aware")
 
@@ -219,18 +227,15 @@ class Router:
 
     def _model(self, name: str) -> ModelState:
         if not name:
-            raise ServiceError(400, "model is required", param="model")
+            raise InvalidRequest("model is required", param="model")
         model = self.registry.models.get(name)
         if model is None:
-            raise ServiceError(
-                404, f"model {name!r} is not registered", code="model_not_found", param="model"
-            )
+            raise UnknownModel(f"model {name!r} is not registered", param="model")
         return model
 
     def _no_healthy(self, model: ModelState, kind: int) -> ServiceError:
         total = sum(1 for p in self.registry.proxies_of(model.name) if not kind or p.kind == kind)
-        return ServiceError(
-            503,
+        return NoHealthyReplica(
             f"model {model.name!r} has no healthy proxy ({total} registered)",
             code="no_healthy_proxy",
         )
@@ -243,15 +248,13 @@ class Router:
         if proxy is None:  # cannot happen: pins leave with their proxy
             return None
         if proxy.model != model.name:
-            raise ServiceError(
-                400,
+            raise InvalidRequest(
                 f"session {session_id!r} belongs to model {proxy.model!r}, not {model.name!r}",
                 code="session_model_mismatch",
                 param="model",
             )
         if not proxy.routable:
-            raise ServiceError(
-                503,
+            raise Unavailable(
                 f"session {session_id!r} is pinned to proxy {proxy.proxy_id!r}, which is "
                 f"{HEALTH_NAMES.get(proxy.health, 'unknown')}"
                 + (f" ({proxy.last_error})" if proxy.last_error else ""),
@@ -271,8 +274,7 @@ class Router:
         policy_name = policy or self.default_policy
         chosen_policy = self.policies.get(policy_name)
         if chosen_policy is None:
-            raise ServiceError(
-                400,
+            raise InvalidRequest(
                 f"unknown policy {policy_name!r} (one of {', '.join(self.policies)})",
                 param="policy",
             )
@@ -284,11 +286,7 @@ class Router:
             pid = self.registry.pins.get(session_id)
             proxy_state = self.registry.proxies.get(pid) if pid is not None else None
             if proxy_state is None:
-                raise ServiceError(
-                    404,
-                    f"session {session_id!r} is not known to the router",
-                    code="session_not_found",
-                )
+                raise SessionNotFound(f"session {session_id!r} is not known to the router")
             return Decision(self._model(proxy_state.model), proxy_state, policy_name)
         model = self._model(model_name)
         if model.kind == EXTERNAL:
@@ -318,24 +316,20 @@ class Router:
         """Pin `session_ids` together to `proxy_id`, or to the least loaded healthy proxy."""
         ids = [s for s in session_ids if s]
         if not ids:
-            raise ServiceError(400, "session_ids is empty", param="session_ids")
+            raise InvalidRequest("session_ids is empty", param="session_ids")
         if proxy_id:
             proxy = self.registry.proxies.get(proxy_id)
             if proxy is None:
-                raise ServiceError(
-                    404, f"proxy {proxy_id!r} is not registered", code="proxy_not_found"
-                )
+                raise NotFound(f"proxy {proxy_id!r} is not registered", code="proxy_not_found")
             if model_name and proxy.model != model_name:
-                raise ServiceError(
-                    400,
+                raise InvalidRequest(
                     f"proxy {proxy_id!r} serves model {proxy.model!r}, not {model_name!r}",
                     param="proxy_id",
                 )
             if kind and proxy.kind != kind:
-                raise ServiceError(400, f"proxy {proxy_id!r} is of another kind", param="kind")
+                raise InvalidRequest(f"proxy {proxy_id!r} is of another kind", param="kind")
             if not proxy.routable:
-                raise ServiceError(
-                    503,
+                raise Unavailable(
                     f"proxy {proxy_id!r} is {HEALTH_NAMES.get(proxy.health, 'unknown')}; "
                     f"cannot pin sessions {', '.join(ids)}",
                     code="proxy_unavailable",
@@ -343,8 +337,7 @@ class Router:
         else:
             model = self._model(model_name)
             if model.kind == EXTERNAL:
-                raise ServiceError(
-                    400,
+                raise InvalidRequest(
                     f"model {model.name!r} is external; sessions cannot be pinned to it",
                     code="model_is_external",
                     param="model",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import Conflict, InvalidRequest, ModelExists
 from areal_runtime.ready import write_private
 
 log = logging.getLogger("areal_router.registry")
@@ -144,28 +144,22 @@ class Registry:
 
     def add_model(self, model: ModelState) -> None:
         if not model.name:
-            raise ServiceError(400, "model name is required", param="name")
+            raise InvalidRequest("model name is required", param="name")
         if model.kind == router_pb2.MODEL_KIND_UNSPECIFIED:
             model.kind = INTERNAL
         if model.kind == EXTERNAL and not model.base_url:
-            raise ServiceError(400, "an external model needs a base_url", param="base_url")
+            raise InvalidRequest("an external model needs a base_url", param="base_url")
         if model.kind == EXTERNAL and not model.upstream_model:
             model.upstream_model = model.name
         if not model.created_unix_s:
             model.created_unix_s = int(time.time())
         existing = self.models.get(model.name)
         if existing is not None and not existing.implicit:
-            raise ServiceError(
-                409, f"model {model.name!r} already exists", code="model_exists", param="name"
-            )
+            raise ModelExists(f"model {model.name!r} already exists", param="name")
         if existing is not None:
             # Take over a model RegisterProxy created: keep its proxies.
             if model.kind == EXTERNAL and existing.proxy_ids:
-                raise ServiceError(
-                    409,
-                    f"model {model.name!r} has proxies; it cannot become external",
-                    code="model_exists",
-                )
+                raise ModelExists(f"model {model.name!r} has proxies; it cannot become external")
             model.proxy_ids = existing.proxy_ids
         model.implicit = False
         self.models[model.name] = model
@@ -194,17 +188,17 @@ class Registry:
     ) -> tuple[ProxyState, bool]:
         """Register (or re-register) a proxy. Returns (state, address_or_model_changed)."""
         if not proxy_id:
-            raise ServiceError(400, "proxy_id is required", param="proxy_id")
+            raise InvalidRequest("proxy_id is required", param="proxy_id")
         if not address or ":" not in address:
-            raise ServiceError(400, f"address must be host:port, got {address!r}", param="address")
+            raise InvalidRequest(f"address must be host:port, got {address!r}", param="address")
         if not model:
-            raise ServiceError(400, "a proxy must name the model it serves", param="model")
+            raise InvalidRequest("a proxy must name the model it serves", param="model")
         if kind == router_pb2.PROXY_KIND_UNSPECIFIED:
             kind = router_pb2.PROXY_KIND_INFERENCE
         m = self.models.get(model)
         if m is not None and m.kind == EXTERNAL:
-            raise ServiceError(
-                409, f"model {model!r} is external; it has no proxies", code="model_is_external"
+            raise Conflict(
+                f"model {model!r} is external; it has no proxies", code="model_is_external"
             )
         old = self.proxies.get(proxy_id)
         if old is not None and old.model != model:

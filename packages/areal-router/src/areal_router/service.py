@@ -14,7 +14,7 @@ from areal_router.health import HealthPoller
 from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
 from areal_router.registry import ModelState, Registry, StateStore
-from areal_runtime.errors import ServiceError, abort
+from areal_runtime.errors import InvalidRequest, NotFound, ServiceError, Unavailable, abort
 from areal_runtime.logs import mask
 
 log = logging.getLogger("areal_router.service")
@@ -26,11 +26,16 @@ _KIND_NAMES: dict[int, str] = {
     router_pb2.MODEL_KIND_EXTERNAL: "external",
 }
 
-_RESULT_BY_STATUS = {
-    400: "invalid",
-    404: "not_found",
-    503: "unavailable",
-}
+# The `result` label of a refused decision, by what kind of error refused it.
+_RESULTS: tuple[tuple[type[ServiceError], str], ...] = (
+    (InvalidRequest, "invalid"),
+    (NotFound, "not_found"),
+    (Unavailable, "unavailable"),
+)
+
+
+def _result(err: ServiceError) -> str:
+    return next((label for cls, label in _RESULTS if isinstance(err, cls)), "error")
 
 
 class RouterService(router_pb2_grpc.RouterServiceServicer):
@@ -165,7 +170,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             )
         except ServiceError as err:
             self.metrics.route_latency.observe(time.perf_counter() - start)
-            result = _RESULT_BY_STATUS.get(err.http_status, "error")
+            result = _result(err)
             self.metrics.decisions.labels(policy, model_label, result).inc()
             await abort(context, err)
             raise
@@ -215,7 +220,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                 request.session_ids, request.model, kind=request.kind, proxy_id=request.proxy_id
             )
         except ServiceError as err:
-            self.metrics.binds.labels(_RESULT_BY_STATUS.get(err.http_status, "error")).inc()
+            self.metrics.binds.labels(_result(err)).inc()
             await abort(context, err)
             raise
         self.metrics.binds.labels("bound").inc()

@@ -19,7 +19,7 @@ import orjson
 
 from areal_gateway.openai.errors import error_body
 from areal_gateway.openai.sse import DONE, frame
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import AgentError, ServiceError
 
 ZERO_USAGE_RESPONSES = {
     "input_tokens": 0,
@@ -32,7 +32,7 @@ ZERO_USAGE_RESPONSES = {
 
 def agent_error(data: dict[str, Any]) -> ServiceError:
     message = str(data.get("message") or "the agent failed")
-    return ServiceError(500, message, type="agent_error", code="agent_error")
+    return AgentError(message)
 
 
 def response_id(session_id: str) -> str:

@@ -44,7 +44,7 @@ from areal_gateway.openai.sse import SSE_HEADERS
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InternalError, ServiceError, SessionNotFound
 
 _JSON = (b"content-type", b"application/json")
 # Sessions made for one admin chat request are closed after it (kept alive by this set).
@@ -166,7 +166,7 @@ class TurnResponse(Response):
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
         except ServiceError as err:
-            if err.code == "session_not_found":
+            if isinstance(err, SessionNotFound):
                 await release(self.gw, self.session_id)  # no pin left for a gone session
             if err.http_status >= 500:
                 log.warning("turn %s (session %s): %s", self.rid, self.session_id, err.message)
@@ -177,12 +177,7 @@ class TurnResponse(Response):
             log.exception("turn %s: unexpected error", self.rid)
             await self._error(
                 send,
-                ServiceError(
-                    500,
-                    f"Internal error in the gateway ({type(exc).__name__}).",
-                    type="api_error",
-                    code="internal_error",
-                ),
+                InternalError(f"Internal error in the gateway ({type(exc).__name__})."),
             )
 
     async def _error(self, send: Send, err: ServiceError) -> None:

@@ -7,7 +7,13 @@ from typing import Any
 
 import grpc
 
-from areal_runtime.errors import ERROR_METADATA_KEY, ServiceError, from_rpc_error
+from areal_runtime.errors import (
+    ERROR_METADATA_KEY,
+    ServiceError,
+    Unavailable,
+    UpstreamError,
+    from_rpc_error,
+)
 
 # Seconds for router calls (routing, registry): these are cheap and never generate.
 ROUTER_TIMEOUT = 10.0
@@ -34,11 +40,12 @@ _CONNECT_FAILURE_MARKERS = (
 )
 
 
-class ProxyUnreachable(ServiceError):
-    """The proxy could not be reached: the call never started there, so it may go elsewhere."""
+class ProxyUnreachable(Unavailable):
+    """The proxy could not be reached: the call never started there, so it may go elsewhere.
+    The gateway's own finding, never sent over gRPC (a client sees a plain `Unavailable`)."""
 
     def __init__(self, address: str, detail: str) -> None:
-        super().__init__(503, f"proxy {address} is unreachable: {detail}", code="proxy_unreachable")
+        super().__init__(f"proxy {address} is unreachable: {detail}", code="proxy_unreachable")
         self.address = address
 
 
@@ -64,12 +71,7 @@ def proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceEr
         return ProxyUnreachable(address, exc.details() or "connection failed")
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     if code == grpc.StatusCode.UNAVAILABLE:
-        return ServiceError(
-            502,
-            f"proxy {address} failed: {exc.details() or 'unavailable'}",
-            type="api_error",
-            code="upstream_error",
-        )
+        return UpstreamError(f"proxy {address} failed: {exc.details() or 'unavailable'}")
     return from_rpc_error(exc, target=f"proxy {address}")
 
 

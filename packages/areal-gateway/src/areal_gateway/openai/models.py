@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import UnknownModel
 
 
 def _model_object(m: router_pb2.ModelInfo) -> dict[str, object]:
@@ -45,9 +45,7 @@ async def retrieve_model(request: Request) -> Response:
     for m in await gw.catalog.list():
         if m.name == name and (principal.is_admin or m.kind != router_pb2.MODEL_KIND_EXTERNAL):
             return Response(orjson.dumps(_model_object(m)), media_type="application/json")
-    raise ServiceError(
-        404, f"The model {name!r} does not exist.", code="model_not_found", param="model"
-    )
+    raise UnknownModel(f"The model {name!r} does not exist.", param="model")
 
 
 routes = [

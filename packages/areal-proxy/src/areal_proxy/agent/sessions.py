@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import PermissionDenied, SessionExists
 from areal_runtime.session_keys import key_hash, key_matches
 
 
@@ -41,7 +41,7 @@ class AgentSessions:
 
     def create(self, session_id: str, key: str, metadata: dict[str, Any]) -> AgentSession:
         if session_id in self._by_id:
-            raise ServiceError(409, f"session '{session_id}' already exists", code="session_exists")
+            raise SessionExists(f"session '{session_id}' already exists")
         now = time.time()
         s = AgentSession(session_id, key_hash(key) if key else "", metadata, now, now)
         self._by_id[session_id] = s
@@ -52,9 +52,7 @@ class AgentSessions:
         if s is None:
             return None
         if not is_admin and not (s.key_hash and key_matches(key, s.key_hash)):
-            raise ServiceError(
-                403, "this key may not act on that session", code="forbidden_session"
-            )
+            raise PermissionDenied("this key may not act on that session", code="forbidden_session")
         s.last_active_at = time.time()
         return s
 

@@ -10,7 +10,7 @@ import orjson
 
 from areal_proto.agent.v1 import agent_worker_pb2, agent_worker_pb2_grpc
 from areal_runtime.auth import call_metadata
-from areal_runtime.errors import ServiceError, from_rpc_error
+from areal_runtime.errors import Unavailable, from_rpc_error
 
 
 class WorkerClient:
@@ -49,9 +49,9 @@ class WorkerClient:
                 yield ev.type, orjson.loads(ev.data) if ev.data else {}
         except grpc.aio.AioRpcError as e:
             err = from_rpc_error(e, target="agent worker")
-            if err.http_status == 503:
-                err = ServiceError(
-                    503, f"agent worker at {self.address} is unavailable", code="worker_unavailable"
+            if isinstance(err, Unavailable):
+                err = Unavailable(
+                    f"agent worker at {self.address} is unavailable", code="worker_unavailable"
                 )
             raise err from None
         finally:

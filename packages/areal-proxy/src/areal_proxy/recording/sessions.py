@@ -18,7 +18,14 @@ from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
 from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.store import Store
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    SessionExists,
+    SessionNotFound,
+    Unauthenticated,
+)
 from areal_runtime.session_keys import key_hash, key_matches, new_id
 
 
@@ -66,7 +73,7 @@ class SessionBook:
                 for sid, key in creds
             )
         except Exception as e:  # sqlite3.IntegrityError: an id reused
-            raise ServiceError(409, f"session already exists: {e}", code="session_exists") from e
+            raise SessionExists(f"session already exists: {e}") from e
 
     def end(self, session_ids: list[str]) -> int:
         for sid in session_ids:
@@ -90,14 +97,13 @@ class SessionBook:
         """The session `key` may act on, or a ServiceError (401/403/404/409)."""
         s = self.store.session(session_id)
         if s is None:
-            raise ServiceError(404, f"session '{session_id}' not found", code="session_not_found")
+            raise SessionNotFound(f"session '{session_id}' not found")
         if not key_matches(key, s.key_hash):
-            raise ServiceError(401, "invalid session key", code="invalid_session_key")
+            raise Unauthenticated("invalid session key", code="invalid_session_key")
         if s.ended_at is not None:
-            raise ServiceError(409, f"session '{session_id}' has ended", code="session_ended")
+            raise Conflict(f"session '{session_id}' has ended", code="session_ended")
         if for_turn and self._closed_by_reward(s):
-            raise ServiceError(
-                409,
+            raise Conflict(
                 f"session '{session_id}' was closed by set_reward; start a new session for more turns",
                 code="session_finished",
             )
@@ -152,17 +158,15 @@ class SessionBook:
 
     def set_reward(self, session: Session, interaction_id: str, reward: float) -> str:
         if not isinstance(reward, (int, float)) or isinstance(reward, bool) or reward != reward:
-            raise ServiceError(400, "reward must be a finite number", param="reward")
+            raise InvalidRequest("reward must be a finite number", param="reward")
         iid = interaction_id or self.store.last_interaction_id(session.session_id)
         if iid is None:
-            raise ServiceError(
-                409,
+            raise Conflict(
                 f"session '{session.session_id}' has no interaction to reward yet",
                 code="no_interaction",
             )
         if not self.store.set_reward(session.session_id, iid, float(reward), time.time()):
-            raise ServiceError(
-                404,
+            raise NotFound(
                 f"interaction '{iid}' not found in session '{session.session_id}'",
                 code="interaction_not_found",
                 param="interaction_id",
@@ -173,18 +177,18 @@ class SessionBook:
         if group_id:
             sessions = self.store.sessions_of_group(group_id)
             if not sessions:
-                raise ServiceError(404, f"group '{group_id}' not found", code="group_not_found")
+                raise NotFound(f"group '{group_id}' not found", code="group_not_found")
             if session_ids:
                 wanted = set(session_ids)
                 sessions = [s for s in sessions if s.session_id in wanted]
             return sessions
         if not session_ids:
-            raise ServiceError(400, "give session_ids or group_id", param="session_ids")
+            raise InvalidRequest("give session_ids or group_id", param="session_ids")
         out = []
         for sid in session_ids:
             s = self.store.session(sid)
             if s is None:
-                raise ServiceError(404, f"session '{sid}' not found", code="session_not_found")
+                raise SessionNotFound(f"session '{sid}' not found")
             out.append(s)
         return out
 
@@ -192,11 +196,9 @@ class SessionBook:
         self, sessions: list[Session], style: str, discount: float
     ) -> Iterator[dict[str, Any]]:
         if style not in export.STYLES:
-            raise ServiceError(
-                400, f"style must be one of {', '.join(export.STYLES)}", param="style"
-            )
+            raise InvalidRequest(f"style must be one of {', '.join(export.STYLES)}", param="style")
         if not 0.0 <= discount <= 1.0:
-            raise ServiceError(400, "discount must be between 0 and 1", param="discount")
+            raise InvalidRequest("discount must be between 0 and 1", param="discount")
         pairs = zip(
             sessions, self.store.iter_interactions([s.session_id for s in sessions]), strict=True
         )
