@@ -1,15 +1,22 @@
-"""The main job on the embedded default: an areal inference service on the bundled tiny model.
+"""The main job: an areal inference service on the real instruct model SmolLM2-135M-Instruct.
 
-1. `areal inf run --detach` starts router, gateway, a CPU SGLang engine and its data proxy;
-2. a chat completion through the gateway with the official openai SDK;
-3. an RL session: a recorded chat with the session key, a reward, the exported trajectory;
+1. `areal inf run --detach` starts router, gateway, a CPU SGLang engine and its data proxy,
+   the model given by its short name (`--model-path smollm2`: the folder
+   scripts/setup-model.sh wrote under ~/.cache/areal/models);
+2. a chat completion through the gateway with the official openai SDK, streamed;
+3. an RL session: a recorded chat with the session key, a reward checked from its answer,
+   the exported trajectory;
 4. `areal inf stop`.
+
+    scripts/main-job.sh [--model-path PATH] [--max-tokens N]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -22,9 +29,11 @@ import openai
 from areal_cli.supervisor import free_port
 from areal_client import ArealClient
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_PATH = ROOT / "models" / "tiny-parrot"
 SERVICE = "main-job"
+MODEL = "smollm2-135m-instruct"
+REQUEST = "Hi, give me a quick intro to AReaL."
+QUESTION = "What is 2 + 3? Answer with a number."
+ANSWER = 5
 
 
 def areal(*args: str, env: dict[str, str], show: bool = True) -> subprocess.CompletedProcess[str]:
@@ -38,7 +47,20 @@ def areal(*args: str, env: dict[str, str], show: bool = True) -> subprocess.Comp
     return done
 
 
-def main() -> int:
+def reward(text: str) -> float:
+    """1.0 when the last number in the answer is the sum ("2 + 3 = 5"), else 0.0."""
+    numbers = re.findall(r"-?\d+", text)
+    return 1.0 if numbers and int(numbers[-1]) == ANSWER else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default="smollm2", help="model folder or short name")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens of the streamed answer")
+    a = p.parse_args(argv)
+    if a.max_tokens < 1:
+        p.error("--max-tokens must be at least 1")
+
     home = Path(os.environ.get("AREAL_HOME") or tempfile.mkdtemp(prefix="areal-home-"))
     key = secrets.token_urlsafe(24)
     port = free_port()
@@ -54,13 +76,11 @@ def main() -> int:
         "--port",
         str(port),
         "--model",
-        "tiny-parrot",
+        MODEL,
         "--backend",
         "sglang:d1",
         "--model-path",
-        str(MODEL_PATH),
-        "--proxy-args",
-        "--chat-template-type concat",
+        a.model_path,
         "--detach",
         env=env,
     )
@@ -73,15 +93,37 @@ def main() -> int:
         areal("inf", "ps", env=env)
 
         llm = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-        r = llm.chat.completions.create(
-            model="tiny-parrot",
-            messages=[{"role": "user", "content": "Hi, give me a quick intro to AReaL."}],
-            max_tokens=8,
+        print(f"\nuser: {REQUEST}\nassistant: ", end="", flush=True)
+        t1 = time.monotonic()
+        first: float | None = None
+        parts: list[str] = []
+        finish = usage = None
+        stream = llm.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": REQUEST}],
+            max_tokens=a.max_tokens,
             temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    first = first or time.monotonic()
+                    parts.append(choice.delta.content)
+                    print(choice.delta.content, end="", flush=True)
+                finish = choice.finish_reason or finish
+        text = "".join(parts)
+        if not text.strip():
+            print("\nmain job: the model streamed no text", file=sys.stderr)
+            return 1
+        n = usage.completion_tokens if usage is not None else None
+        took = time.monotonic() - t1
         print(
-            f"\nchat completion: {r.choices[0].message.content!r} ({r.choices[0].finish_reason}, "
-            f"{r.usage.completion_tokens} tokens)"
+            f"\n[streamed {len(parts)} chunks, {n} tokens, finish {finish}; first token "
+            f"{(first or t1) - t1:.2f}s, all {took:.2f}s]"
         )
 
         with ArealClient(url, key) as client:
@@ -89,21 +131,28 @@ def main() -> int:
             [session] = group.sessions
             answer = session.openai(max_retries=0).chat.completions.create(
                 model=group.model,
-                messages=[{"role": "user", "content": "What is 2 + 3?"}],
-                max_tokens=4,
+                messages=[{"role": "user", "content": QUESTION}],
+                max_tokens=16,
+                temperature=0,
             )
-            client.set_reward(session, reward=1.0)
+            said = answer.choices[0].message.content or ""
+            r = reward(said)
+            client.set_reward(session, reward=r)
             [row] = client.export(group_id=group.group_id, remove_session=True).rows
-        print(f"\nRL session {session.session_id}: interaction {answer.id} rewarded 1.0")
-        print("exported trajectory:")
-        for k in ("input_ids", "loss_mask", "logprobs", "versions"):
-            v = getattr(row, k)
-            shown = [round(x, 4) for x in v] if k == "logprobs" else v
-            print(f"  {k:<10} {shown}")
+        print(f"\nRL session {session.session_id}: {QUESTION!r} -> {said!r}, reward {r}")
+        out = [i for i, m in enumerate(row.loss_mask) if m]
+        print(
+            f"exported trajectory: {len(row.input_ids)} tokens, {len(out)} generated "
+            f"(loss_mask 1); the generated ones:"
+        )
+        print(f"  input_ids  {[row.input_ids[i] for i in out]}")
+        print(f"  logprobs   {[round(row.logprobs[i], 4) for i in out]}")
+        print(f"  versions   {[row.versions[i] for i in out]}")
         print(f"  reward     {row.reward}")
     finally:
         print()
         areal("inf", "stop", "--service", SERVICE, env=env)
+    print(f"main job done in {time.monotonic() - t0:.1f}s")
     return 0
 
 
