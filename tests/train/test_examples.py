@@ -5,7 +5,6 @@ The GRPO example needs a live inference service with the RL API: tests/train/tes
 
 from __future__ import annotations
 
-import json
 import stat
 import subprocess
 import sys
