@@ -8,6 +8,7 @@ and a SIGSTOPped stand-in gateway with the real probe), supervision off, config 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import sys
@@ -249,3 +250,60 @@ def test_watchdog_exits_when_service_stopped(svc):
     assert wd.tick()
     st.remove("inf", "svc")
     assert not wd.tick()
+
+
+def _guards(home) -> list[int]:
+    return supervisor.processes_with_env(
+        f"AREAL_HOME={home}", cmdline=lambda argv: b"areal_cli.guard" in argv
+    )
+
+
+def test_killed_watchdog_is_restarted_and_goes_on_supervising(fakes):
+    """kill -9 of the watchdog: its guard starts it again; a proxy killed later comes back."""
+    r = fakes.cli("inf", "run", "--port", "0", "--detach", "--model", "m", "--model-path", "x")
+    assert r.code == 0, r.err
+    try:
+        s = st.load("inf", "default")
+        wd_pid = s["components"]["watchdog"]["pid"]
+        deadline = time.monotonic() + 10
+        while not _guards(fakes.home) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _guards(fakes.home), "the watchdog started no guard"
+        os.kill(wd_pid, signal.SIGKILL)
+
+        def watchdog_back() -> dict | None:
+            c = st.load("inf", "default")["components"]["watchdog"]
+            return c if c["pid"] != wd_pid and Component.from_dict(c).alive() else None
+
+        deadline = time.monotonic() + 15
+        while not watchdog_back() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        wd = watchdog_back()
+        assert wd, "the killed watchdog was not restarted"
+        sup = wd["meta"]["supervision"]
+        assert sup["restarts"] == 1 and str(wd_pid) in sup["last_failure"]["reason"]
+
+        proxy = st.load("inf", "default")["components"]["m-data-proxy-0"]
+        os.kill(proxy["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            now = st.load("inf", "default")["components"]["m-data-proxy-0"]
+            if now["pid"] != proxy["pid"] and Component.from_dict(now).alive():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the restarted watchdog did not restart the killed proxy")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status = json.loads(fakes.cli("inf", "status", "--json").out)
+            if status["status"] == "running":
+                break
+            time.sleep(0.2)
+        assert status["status"] == "running", status
+    finally:
+        assert fakes.cli("inf", "stop").code == 0
+    assert not fakes.kill_leftovers(), "stand-ins left after stop"
+    deadline = time.monotonic() + 5
+    while _guards(fakes.home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _guards(fakes.home), "a guard outlived stop"

@@ -6,7 +6,9 @@ No typer here. The foreground `run` calls `Watchdog.tick()` in its loop; with
     python -m areal_cli.watchdog --group inf --service NAME
 
 (own process group, log `watchdog.log`, pid identity like every component;
-`stop` stops it first).
+`stop` stops it first). The detached watchdog keeps a guard (guard.py) in its
+process group that starts the watchdog again if it dies, and that it starts
+again in turn.
 
 Each tick re-reads the service state and checks every component:
 
@@ -52,6 +54,7 @@ from typing import Any
 from areal_cli import state as st
 from areal_cli import supervisor
 from areal_cli.errors import CLIError
+from areal_cli.guard import guard_argv
 from areal_cli.launcher import connect_host, http_url
 from areal_cli.supervisor import Component
 
@@ -478,17 +481,7 @@ class Watchdog:
     # ------------------------------------------------------------- helpers
 
     def _env(self, comp: Component) -> dict[str, str]:
-        env = {str(k): str(v) for k, v in (comp.meta.get("env") or {}).items()}
-        names = comp.meta.get("secret_env")
-        if names is None:  # recorded before env was: every component gets the token
-            names = ["AREAL_INTERNAL_TOKEN"] + (
-                ["AREAL_ADMIN_API_KEY"] if _role(comp) == "gateway" else []
-            )
-        secrets = st.load_secrets(self.group, self.service)
-        for n in names:
-            if (v := secrets.get(SECRET_ENV.get(n, ""))) is not None:
-                env[n] = v
-        return env
+        return component_env(self.group, self.service, comp)
 
     def _ready_timeout(self, s: dict[str, Any], comp: Component) -> float:
         if _role(comp) == "engine":
@@ -516,6 +509,21 @@ class Watchdog:
             yield None if self.gone(s) else s
         finally:
             lock.release()
+
+
+def component_env(group: str, service: str, comp: Component) -> dict[str, str]:
+    """The environment to respawn `comp` with: recorded values, secrets re-read from disk."""
+    env = {str(k): str(v) for k, v in (comp.meta.get("env") or {}).items()}
+    names = comp.meta.get("secret_env")
+    if names is None:  # recorded before env was: every component gets the token
+        names = ["AREAL_INTERNAL_TOKEN"] + (
+            ["AREAL_ADMIN_API_KEY"] if _role(comp) == "gateway" else []
+        )
+    secrets = st.load_secrets(group, service)
+    for n in names:
+        if (v := secrets.get(SECRET_ENV.get(n, ""))) is not None:
+            env[n] = v
+    return env
 
 
 # ----------------------------------------------------------------- probes
@@ -604,7 +612,15 @@ def main(argv: list[str] | None = None) -> int:
 
     wd = Watchdog(a.group, a.service, instance=a.instance, log=log)
     log(f"watchdog: supervising {a.group} service '{a.service}'")
+    guard: subprocess.Popen | None = None
     while not stop["flag"]:
+        if guard is None or guard.poll() is not None:
+            if guard is not None:
+                log(f"watchdog: its guard exited (code {guard.returncode}); starting another")
+            # Same process group as this watchdog: `stop` ends both together.
+            guard = subprocess.Popen(
+                guard_argv(a.group, a.service, a.instance), stdin=subprocess.DEVNULL
+            )
         if not wd.tick():
             log("watchdog: service stopped; exiting")
             return 0
