@@ -2,6 +2,8 @@
 
 - Every flag a service binary's `--help` lists is in that binary's table under
   "Flags per binary" in docs/services.md, and the table lists no flag the binary lacks.
+- Every option of every `areal` command's `--help` is in that command's section of
+  docs/cli.md.
 - No tracked file cites a path outside the repository: a sibling checkout's `shared`
   folder, a machine path (under `work`, `root` or `home` at the file system's root), or a
   Markdown file the repository does not have.
@@ -78,6 +80,68 @@ def test_every_flag_is_in_services_md(binary: str) -> None:
     stale = sorted(tables[binary] - actual)
     assert not missing, f"{binary} flags missing from docs/services.md: {missing}"
     assert not stale, f"docs/services.md lists flags {binary} does not have: {stale}"
+
+
+# --- docs/cli.md --------------------------------------------------------------------
+
+CLI_MD = ROOT / "docs/cli.md"
+CLI_COMMANDS = [
+    (),
+    ("train", "run"),
+    ("inf",),
+    *[
+        ("inf", c)
+        for c in ("run", "register", "deregister", "models", "ps", "status", "logs", "stop")
+    ],
+    ("agent",),
+    *[("agent", c) for c in ("run", "ps", "status", "logs", "stop")],
+]
+_CLI_OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
+
+
+def cli_help_flags(words: tuple[str, ...]) -> set[str]:
+    out = subprocess.run(
+        [str(_binary("areal")), *words, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "200", "TYPER_USE_RICH": "0"},
+    ).stdout
+    flags: set[str] = set()
+    in_options = False
+    for line in out.splitlines():
+        if line.startswith("Options:"):
+            in_options = True
+        elif line and not line.startswith(" "):
+            in_options = False
+        elif in_options and line.strip().startswith("-"):
+            head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+            flags.update(_CLI_OPTION.findall(head))
+    flags.discard("--help")
+    return flags
+
+
+def cli_section(words: tuple[str, ...]) -> str:
+    """The text of the docs/cli.md section about `areal <words>` (the whole page for `areal`)."""
+    text = CLI_MD.read_text()
+    if not words:
+        return text
+    parts = re.split(r"^(#{2,3} .*)$", text, flags=re.MULTILINE)
+    name = "`areal " + " ".join(words) + "`"
+    for heading, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in heading or (
+            len(words) == 2 and f"`areal {words[0]} " in heading and f"`{words[1]}`" in heading
+        ):
+            return body
+    raise AssertionError(f"docs/cli.md has no section for {name}")
+
+
+@pytest.mark.parametrize("words", CLI_COMMANDS, ids=lambda w: " ".join(("areal", *w)))
+def test_every_cli_flag_is_in_cli_md(words: tuple[str, ...]) -> None:
+    section = set(_CLI_OPTION.findall(cli_section(words)))
+    missing = sorted(cli_help_flags(words) - section)
+    assert not missing, f"areal {' '.join(words)}: flags missing from docs/cli.md: {missing}"
 
 
 # --- citations --------------------------------------------------------------------
