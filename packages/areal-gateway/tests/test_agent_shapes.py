@@ -7,6 +7,7 @@ import pytest
 
 from areal_gateway.agent.common import principal
 from areal_gateway.agent.shapes import ChatShape, ResponsesShape, session_of_response
+from areal_gateway.auth import Authenticator
 from areal_runtime.errors import ServiceError
 from areal_runtime.session_keys import mint_key
 
@@ -96,8 +97,7 @@ class _Req:
 
 
 class _Gw:
-    class settings:
-        admin_api_key = "admin-key"
+    auth = Authenticator("admin-key")
 
 
 def test_principal() -> None:

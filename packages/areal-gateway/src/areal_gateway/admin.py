@@ -16,17 +16,23 @@ import logging
 import time
 from typing import Any
 
-import orjson
-from starlette.requests import Request
+from fastapi import APIRouter
 from starlette.responses import Response
-from starlette.routing import Route
 
-from areal_gateway.auth import require_admin
+from areal_gateway.api import ERRORS, AdminKey, GatewayDep, GatewayRoute, json_response
 from areal_gateway.openai.errors import bad_request
-from areal_gateway.openai.forward import parse_object, read_body
 from areal_gateway.runtime import Gateway
+from areal_gateway.schemas import (
+    AddedProxy,
+    DeregisteredModel,
+    ModelList,
+    ProxyRef,
+    RegisteredModel,
+    RegisterModelRequest,
+    WorkerList,
+)
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import ModelExists, ServiceError, UnknownModel
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +52,6 @@ _MODEL_KIND = {
     router_pb2.MODEL_KIND_INTERNAL: "internal",
     router_pb2.MODEL_KIND_EXTERNAL: "external",
 }
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
-
-
-async def _admin(request: Request) -> Gateway:
-    gw: Gateway = request.app.state.gateway
-    require_admin(gw.auth.principal(request))
-    return gw
 
 
 def worker_json(p: router_pb2.ProxyInfo) -> dict[str, Any]:
@@ -98,42 +94,10 @@ def model_json(m: router_pb2.ModelInfo, workers: list[router_pb2.ProxyInfo]) -> 
     return out
 
 
-def _str_field(doc: dict[str, Any], key: str, *, required: bool = True, where: str = "") -> str:
-    value = doc.get(key)
-    param = f"{where}{key}"
-    if value is None:
-        if required:
-            raise bad_request(
-                f"Missing required parameter: '{param}'.",
-                code="missing_required_parameter",
-                param=param,
-            )
-        return ""
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise bad_request(
-            f"'{param}' must be a non-empty string.", code="invalid_type", param=param
-        )
-    return value.strip()
-
-
-def _address(doc: dict[str, Any], where: str) -> str:
-    address = _str_field(doc, "address", where=where)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise bad_request(
-            f"'{where}address' must be host:port, got {address!r}.",
-            code="invalid_address",
-            param=f"{where}address",
-        )
-    return address
-
-
-def _proxy(doc: Any, model: str, where: str) -> router_pb2.ProxyInfo:
-    if not isinstance(doc, dict):
-        raise bad_request(f"'{where.rstrip('.')}' must be an object.", code="invalid_type")
+def _proxy(ref: ProxyRef, model: str) -> router_pb2.ProxyInfo:
     return router_pb2.ProxyInfo(
-        proxy_id=_str_field(doc, "proxy_id", where=where),
-        address=_address(doc, where),
+        proxy_id=ref.proxy_id,
+        address=ref.address,
         model=model,
         kind=router_pb2.PROXY_KIND_INFERENCE,
     )
@@ -146,14 +110,18 @@ async def _find_model(gw: Gateway, name: str) -> router_pb2.ModelInfo | None:
     return None
 
 
-async def list_models(request: Request) -> Response:
-    gw = await _admin(request)
+router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["admin"])
+
+
+@router.get("/admin/models", response_model=ModelList)
+async def list_models(gw: GatewayDep, _: AdminKey) -> Response:
+    """Every model with its workers (health, load)."""
     models = await gw.router.list_models()
     proxies = await gw.router.list_proxies()
     by_model: dict[str, list[router_pb2.ProxyInfo]] = {}
     for p in proxies:
         by_model.setdefault(p.model, []).append(p)
-    return _json(
+    return json_response(
         {
             "models": [
                 model_json(m, sorted(by_model.get(m.name, []), key=lambda p: p.proxy_id))
@@ -163,36 +131,26 @@ async def list_models(request: Request) -> Response:
     )
 
 
-async def register_model(request: Request) -> Response:
-    gw = await _admin(request)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
-    name = _str_field(doc, "name")
-    kind = doc.get("kind", "internal")
-    if kind not in ("internal", "external"):
+@router.post("/admin/models", status_code=201, response_model=RegisteredModel)
+async def register_model(body: RegisterModelRequest, gw: GatewayDep, _: AdminKey) -> Response:
+    """Register an internal model (its proxies) or an external one (its URL, checked with
+    `GET {base_url}/models`); 409 if the name exists."""
+    name = body.name
+    if body.kind == "external" and body.base_url is None:
+        # Required for one kind only, so the model cannot say it.
         raise bad_request(
-            "'kind' must be 'internal' or 'external'.", code="invalid_value", param="kind"
+            "Missing required parameter: 'base_url'.",
+            code="missing_required_parameter",
+            param="base_url",
         )
-    if kind == "internal":
-        raw = doc.get("proxies", [])
-        if not isinstance(raw, list):
-            raise bad_request("'proxies' must be an array.", code="invalid_type", param="proxies")
-        proxies = [_proxy(p, name, f"proxies.{i}.") for i, p in enumerate(raw)]
-        ids = [p.proxy_id for p in proxies]
-        if len(set(ids)) != len(ids):
-            raise bad_request(
-                "proxy ids must be unique.", code="duplicate_proxy_id", param="proxies"
-            )
-    else:
-        base_url = _str_field(doc, "base_url")
-        api_key = _str_field(doc, "api_key", required=False)
-        upstream = _str_field(doc, "upstream_model", required=False) or name
     if await _find_model(gw, name) is not None:
-        raise ServiceError(
-            409, f"Model {name!r} is already registered.", code="model_exists", param="name"
-        )
+        raise ModelExists(f"Model {name!r} is already registered.", param="name")
 
-    if kind == "external":
-        url = await gw.external.validate(base_url, api_key)
+    if body.kind == "external":
+        assert body.base_url is not None
+        api_key = body.api_key or ""
+        upstream = body.upstream_model or name
+        url = await gw.external.validate(body.base_url, api_key)
         info = router_pb2.ModelInfo(
             name=name,
             kind=router_pb2.MODEL_KIND_EXTERNAL,
@@ -204,10 +162,11 @@ async def register_model(request: Request) -> Response:
         await gw.router.register_model(info)
         gw.catalog.remember(info)
         log.info("registered external model %s -> %s (%s)", name, url, upstream)
-        return _json(
+        return json_response(
             {"name": name, "kind": "external", "base_url": url, "upstream_model": upstream}, 201
         )
 
+    proxies = [_proxy(p, name) for p in body.proxies]
     info = router_pb2.ModelInfo(
         name=name, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=int(time.time())
     )
@@ -224,7 +183,7 @@ async def register_model(request: Request) -> Response:
         raise
     gw.catalog.remember(info)
     log.info("registered model %s with %d proxies", name, len(proxies))
-    return _json(
+    return json_response(
         {
             "name": name,
             "kind": "internal",
@@ -234,46 +193,38 @@ async def register_model(request: Request) -> Response:
     )
 
 
-async def deregister_model(request: Request) -> Response:
-    name = request.path_params["name"]
-    gw = await _admin(request)
+@router.delete("/admin/models/{name}", response_model=DeregisteredModel)
+async def deregister_model(name: str, gw: GatewayDep, _: AdminKey) -> Response:
+    """Deregister a model and its proxies; 404 if unknown."""
     existed, proxy_ids = await gw.router.deregister_model(name)
     gw.catalog.forget(name)
     if not existed:
-        raise ServiceError(
-            404, f"Model {name!r} is not registered.", code="model_not_found", param="name"
-        )
+        raise UnknownModel(f"Model {name!r} is not registered.", param="name")
     log.info("deregistered model %s (proxies %s)", name, ", ".join(proxy_ids) or "none")
-    return _json({"name": name, "proxy_ids": proxy_ids})
+    return json_response({"name": name, "proxy_ids": proxy_ids})
 
 
-async def add_proxy(request: Request) -> Response:
-    name = request.path_params["name"]
-    gw = await _admin(request)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
-    proxy = _proxy(doc, name, "")
+@router.post("/admin/models/{name}/proxies", status_code=201, response_model=AddedProxy)
+async def add_proxy(name: str, body: ProxyRef, gw: GatewayDep, _: AdminKey) -> Response:
+    """One more replica of an internal model."""
+    proxy = _proxy(body, name)
     model = await _find_model(gw, name)
     if model is None:
-        raise ServiceError(
-            404, f"Model {name!r} is not registered.", code="model_not_found", param="name"
-        )
+        raise UnknownModel(f"Model {name!r} is not registered.", param="name")
     if model.kind == router_pb2.MODEL_KIND_EXTERNAL:
         raise bad_request(f"Model {name!r} is external; it has no proxies.", code="external_model")
     await gw.router.register_proxy(proxy)
     log.info("model %s: added proxy %s at %s", name, proxy.proxy_id, proxy.address)
-    return _json({"name": name, "proxy_id": proxy.proxy_id, "address": proxy.address}, 201)
+    return json_response({"name": name, "proxy_id": proxy.proxy_id, "address": proxy.address}, 201)
 
 
-async def list_workers(request: Request) -> Response:
-    gw = await _admin(request)
+async def list_workers(gw: GatewayDep, _: AdminKey) -> Response:
+    """Every proxy the router knows (also served in agent mode)."""
     proxies = await gw.router.list_proxies()
-    return _json({"workers": [worker_json(p) for p in sorted(proxies, key=lambda p: p.proxy_id)]})
+    return json_response(
+        {"workers": [worker_json(p) for p in sorted(proxies, key=lambda p: p.proxy_id)]}
+    )
 
 
-routes = [
-    Route("/admin/models", list_models, methods=["GET"]),
-    Route("/admin/models", register_model, methods=["POST"]),
-    Route("/admin/models/{name}", deregister_model, methods=["DELETE"]),
-    Route("/admin/models/{name}/proxies", add_proxy, methods=["POST"]),
-    Route("/admin/workers", list_workers, methods=["GET"]),
-]
+LIST_WORKERS: dict[str, Any] = {"methods": ["GET"], "response_model": WorkerList}
+router.add_api_route("/admin/workers", list_workers, **LIST_WORKERS)

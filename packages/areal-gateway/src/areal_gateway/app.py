@@ -1,4 +1,10 @@
-"""`create_app(settings)`: the gateway's ASGI app (FastAPI, plain routes, no body models)."""
+"""`create_app(settings)`: the gateway's ASGI app.
+
+The JSON APIs (admin, RL, control; in agent mode sessions and pairs) are FastAPI routes with
+pydantic models (`schemas.py`), described by `GET /openapi.json` (admin key). Health, metrics,
+the model list and the generation paths are plain routes, outside the document: the OpenAI API
+is OpenAI's, and its hot path is served by `fastpath.py` in front of this app.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from areal_gateway import admin, control, rl
+from areal_gateway.api import openapi_document
 from areal_gateway.metrics import MetricsMiddleware
-from areal_gateway.openai import chat, completions, models
-from areal_gateway.openai.errors import error_response, install_error_handlers
+from areal_gateway.openai import models
+from areal_gateway.openai.errors import install_error_handlers
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings
-from areal_runtime.errors import ServiceError
 
 
 async def health(request: Request) -> Response:
@@ -43,16 +49,13 @@ async def metrics(request: Request) -> Response:
     return Response(data, media_type=ctype)
 
 
-async def not_implemented(request: Request) -> Response:
-    return error_response(
-        ServiceError(
-            501,
-            f"{request.method} {request.url.path}: agent-mode endpoints are not implemented yet "
-            "(this gateway runs with --mode agent).",
-            type="not_implemented_error",
-            code="not_implemented",
-        )
-    )
+def api_routers(mode: str) -> list[APIRouter]:
+    """The typed JSON APIs a gateway in `mode` serves (and documents)."""
+    if mode == "inference":
+        return [admin.router, rl.router, control.router]
+    from areal_gateway import agent
+
+    return list(agent.routers)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -73,9 +76,11 @@ def create_app(settings: Settings) -> FastAPI:
         extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(
         title="areal-gateway",
+        summary=f"The {settings.mode} gateway's admin and session APIs (docs/services.md).",
         version=gateway.version,
         docs_url=None,
         redoc_url=None,
+        # FastAPI's own /openapi.json would be open to anyone; ours needs the admin key.
         openapi_url=None,
         lifespan=lifespan,
         **extra,
@@ -86,18 +91,16 @@ def create_app(settings: Settings) -> FastAPI:
     routes = app.router.routes
     routes.append(Route("/health", health, methods=["GET"]))
     routes.append(Route("/metrics", metrics, methods=["GET"]))
+    routes.append(Route("/openapi.json", openapi_document, methods=["GET"]))
     if settings.mode == "inference":
-        routes.extend(
-            chat.routes
-            + completions.routes
-            + models.routes
-            + admin.routes
-            + rl.routes
-            + control.routes
-        )
+        # POST /v1/chat/completions and /v1/completions have no route here: the fast path in
+        # front of this app (fastpath.py, installed by server.make_server) serves them.
+        routes.extend(models.routes)
     else:
         from areal_gateway import agent
 
         routes.extend(agent.routes)
+    for router in api_routers(settings.mode):
+        app.include_router(router)
     app.add_middleware(MetricsMiddleware, metrics=gateway.metrics)
     return app

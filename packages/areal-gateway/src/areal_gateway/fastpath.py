@@ -1,13 +1,13 @@
 """The generation endpoints without the framework's per-request layers.
 
 `POST /v1/chat/completions` and `POST /v1/completions` (and their aliases) are the hot path.
-Through FastAPI each request passes some ten ASGI layers (error middleware, telemetry, body
+Through FastAPI each request would pass some ten ASGI layers (error middleware, telemetry, body
 limit, exception handlers, exit stack, router, request/response wrapper), each wrapping
-`send` once more. `GenerationFastPath` sits in front of the app and runs these requests'
-endpoint directly, with the same answers: the same handler (`openai.forward.handle`), the
-same OpenAI-shaped errors (a 413 closes the connection, anything unexpected is a logged 500),
-and the same request metrics as `MetricsMiddleware`. Every other request, every other method
-on these paths, lifespan, and agent mode go to the app unchanged.
+`send` once more. `GenerationFastPath` sits in front of the app and is the only implementation
+of these endpoints (the app has no route for them): OpenAI-shaped errors (a 413 closes the
+connection, anything unexpected is a logged 500, another method is a 405), and the same
+request metrics as `MetricsMiddleware`. Every other path, lifespan, and agent mode (whose
+chat completions are agent turns) go to the app unchanged.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from areal_gateway.auth import bearer_key
 from areal_gateway.metrics import endpoint_label
 from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
-from areal_gateway.openai.errors import bad_request, error_body
+from areal_gateway.openai.errors import error_body
 from areal_gateway.openai.forward import (
     Endpoint,
     GenerationResponse,
-    _too_large,
     choose_request_id,
     parse_model_and_stream,
     parse_object,
+    receive_body,
 )
 from areal_gateway.runtime import Gateway
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InternalError, PayloadTooLarge, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,26 @@ class GenerationFastPath:
         child.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.enabled and scope["type"] == "http" and scope["method"] == "POST":
+        if self.enabled and scope["type"] == "http":
             found = _ENDPOINTS.get(scope["path"])
             if found is not None:
-                await self._generate(found[0], found[1], scope, receive, send)
+                if scope["method"] == "POST":
+                    await self._generate(found[0], found[1], scope, receive, send)
+                else:
+                    await self._not_allowed(scope, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _not_allowed(self, scope: Scope, send: Send) -> None:
+        # The app has no route for these paths, so it would answer 404; they exist, for POST.
+        err = ServiceError(
+            405,
+            f"Method {scope['method']} is not allowed on {scope['path']}",
+            code="method_not_allowed",
+        )
+        headers = [(b"content-type", b"application/json"), (b"allow", b"POST")]
+        await _whole(send, 405, headers, error_body(err))
+        self._count(endpoint_label(scope["path"]), 405)
 
     async def _generate(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive, send: Send
@@ -101,7 +115,7 @@ class GenerationFastPath:
                 response = await self._prepare(endpoint, check, scope, receive)
             except ServiceError as err:
                 headers = [(b"content-type", b"application/json")]
-                if err.http_status == 413:
+                if isinstance(err, PayloadTooLarge):  # the rest of the body is never read
                     headers.append((b"connection", b"close"))
                 await _whole(send_counted, err.http_status, headers, error_body(err))
                 return
@@ -110,9 +124,7 @@ class GenerationFastPath:
             log.error("unhandled error on POST %s: %r", scope["path"], exc, exc_info=exc)
             if started:
                 raise
-            internal = ServiceError(
-                500, "Internal error in the gateway.", type="api_error", code="internal_error"
-            )
+            internal = InternalError("Internal error in the gateway.")
             await _whole(
                 send_counted, 500, [(b"content-type", b"application/json")], error_body(internal)
             )
@@ -124,8 +136,8 @@ class GenerationFastPath:
     async def _prepare(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive
     ) -> GenerationResponse:
-        """`openai.forward.handle`, reading the three headers it needs straight off the scope
-        (the first occurrence of each, as Starlette's `Headers.get`)."""
+        """auth -> body -> parse -> check, reading the three headers it needs straight off the
+        scope (the first occurrence of each, as Starlette's `Headers.get`)."""
         gw = self.gateway
         assert gw is not None
         auth = length = rid = None
@@ -139,44 +151,13 @@ class GenerationFastPath:
             elif name == b"x-request-id" and rid is None:
                 rid = value.decode("latin-1")
         principal = gw.auth.authenticate(bearer_key(auth))
-        body = await _read_body(receive, length, gw.settings.max_body_bytes)
+        body = await receive_body(receive, length, gw.settings.max_body_bytes)
         doc = parse_object(body)
         model, stream = parse_model_and_stream(doc)
         check(doc)
         return GenerationResponse(
             gw, endpoint, principal, choose_request_id(rid), model, stream, body, doc
         )
-
-
-async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    """`openai.forward.read_body` on the raw ASGI messages."""
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise bad_request(
-                "Invalid Content-Length header.", code="invalid_content_length"
-            ) from None
-        if size > limit:
-            raise _too_large(limit)
-    parts: list[bytes] = []
-    total = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunk = message.get("body", b"")
-            if chunk:
-                total += len(chunk)
-                if total > limit:
-                    raise _too_large(limit)
-                parts.append(chunk)
-            if not message.get("more_body", False):
-                break
-        elif message["type"] == "http.disconnect":
-            raise ServiceError(499, "Client closed the request.", code="client_closed")
-    if len(parts) == 1:
-        return parts[0]
-    return b"".join(parts)
 
 
 async def _whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -1,10 +1,14 @@
 """The gateway's agent mode (`--mode agent`): sessions, turns, rewards and pairs.
 
 Every route needs the admin key or a session key; `/health` and `/metrics` stay open.
+The sessions and pairs APIs are FastAPI routes (in the OpenAPI document); the turns
+(`/v1/responses`, `/v1/chat/completions`) are this mode's generation path, plain routes that
+stream the agent's events.
 """
 
 from __future__ import annotations
 
 from areal_gateway.agent import pairs, sessions, turns
 
-routes = [*sessions.routes, *turns.routes, *pairs.routes]
+routers = [sessions.router, pairs.router]
+routes = turns.routes

@@ -9,21 +9,23 @@ anything is routed.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
 
-from areal_gateway.auth import Principal, bearer_key
+# Shared with the inference-mode endpoints; re-exported for the agent modules.
+from areal_gateway.api import gateway as gateway
+from areal_gateway.api import json_response as json_response
+from areal_gateway.auth import Principal
+from areal_gateway.auth import require_admin as require_admin
 from areal_gateway.clients import AgentProxyClient
 from areal_gateway.openai.errors import bad_request
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import NoHealthyReplica, PermissionDenied, ServiceError, Unauthenticated
-from areal_runtime.session_keys import mint_key, new_id, session_of
+from areal_runtime.errors import NoHealthyReplica, PermissionDenied, ServiceError
+from areal_runtime.session_keys import mint_key, new_id
 
 log = logging.getLogger("areal_gateway.agent")
 
@@ -33,35 +35,11 @@ AGENT_KIND = router_pb2.PROXY_KIND_AGENT
 SESSION_HEADER = "x-areal-session-id"
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(data), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-def gateway(request: Request) -> Gateway:
-    gw: Gateway = request.app.state.gateway
-    return gw
-
-
 def principal(gw: Gateway, request: Request) -> Principal:
-    """The admin, or the holder of a session key (checked by the proxy); anything else 401."""
-    key = bearer_key(request.headers.get("authorization"))
-    if not key:
-        raise Unauthenticated(
-            "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
-        )
-    if hmac.compare_digest(key.encode(), gw.settings.admin_api_key.encode()):
-        return Principal(api_key=key, is_admin=True)
-    session_id = session_of(key)
-    if session_id is None:
-        raise Unauthenticated("Invalid API key.", code="invalid_api_key")
-    return Principal(api_key=key, is_admin=False, session_id=session_id)
-
-
-def require_admin(p: Principal) -> None:
-    if not p.is_admin:
-        raise PermissionDenied("This endpoint needs the admin key.", code="admin_key_required")
+    """The admin, or the holder of a session key (checked by the proxy); anything else 401.
+    The one key check of both modes (in agent mode no key is added to it, so a session key
+    is known by the session it names)."""
+    return gw.auth.principal(request)
 
 
 def check_session_access(p: Principal, session_id: str) -> None:

@@ -12,30 +12,16 @@ from __future__ import annotations
 
 import time
 
-from starlette.requests import Request
+from fastapi import APIRouter
 from starlette.responses import Response
-from starlette.routing import Route
 
-from areal_gateway.admin import _address, _str_field, list_workers, worker_json
-from areal_gateway.agent.common import (
-    AGENT_KIND,
-    AGENT_MODEL,
-    gateway,
-    json_response,
-    log,
-    principal,
-    require_admin,
-)
-from areal_gateway.openai.forward import parse_object, read_body
+from areal_gateway.admin import LIST_WORKERS, list_workers, worker_json
+from areal_gateway.agent.common import AGENT_KIND, AGENT_MODEL, log
+from areal_gateway.api import ERRORS, AdminKey, GatewayDep, GatewayRoute, json_response
 from areal_gateway.runtime import Gateway
+from areal_gateway.schemas import AddedPair, AddPairRequest, PairList, RemovedPair
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import NotFound
-
-
-async def _admin(request: Request) -> Gateway:
-    gw = gateway(request)
-    require_admin(principal(gw, request))
-    return gw
 
 
 async def _ensure_model(gw: Gateway) -> None:
@@ -48,11 +34,13 @@ async def _ensure_model(gw: Gateway) -> None:
     )
 
 
-async def add_pair(request: Request) -> Response:
-    gw = await _admin(request)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
-    proxy_id = _str_field(doc, "proxy_id")
-    address = _address(doc, "")
+router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["agent admin"])
+
+
+@router.post("/admin/pairs", status_code=201, response_model=AddedPair)
+async def add_pair(body: AddPairRequest, gw: GatewayDep, _: AdminKey) -> Response:
+    """Register a pair's data proxy with the router (kind AGENT, model `agent`)."""
+    proxy_id, address = body.proxy_id, body.address
     await _ensure_model(gw)
     await gw.router.register_proxy(
         router_pb2.ProxyInfo(proxy_id=proxy_id, address=address, model=AGENT_MODEL, kind=AGENT_KIND)
@@ -61,26 +49,22 @@ async def add_pair(request: Request) -> Response:
     return json_response({"proxy_id": proxy_id, "address": address, "model": AGENT_MODEL}, 201)
 
 
-async def remove_pair(request: Request) -> Response:
-    proxy_id = request.path_params["proxy_id"]
-    gw = await _admin(request)
+@router.delete("/admin/pairs/{proxy_id}", response_model=RemovedPair)
+async def remove_pair(proxy_id: str, gw: GatewayDep, _: AdminKey) -> Response:
+    """Deregister a pair; 404 if unknown."""
     if not await gw.router.deregister_proxy(proxy_id):
         raise NotFound(f"pair {proxy_id!r} is not registered", code="pair_not_found")
     log.info("pair %s deregistered", proxy_id)
     return json_response({"proxy_id": proxy_id, "removed": True})
 
 
-async def list_pairs(request: Request) -> Response:
-    gw = await _admin(request)
+@router.get("/admin/pairs", response_model=PairList)
+async def list_pairs(gw: GatewayDep, _: AdminKey) -> Response:
+    """The pairs with their health and load."""
     proxies = await gw.router.list_proxies(AGENT_MODEL, AGENT_KIND)
     return json_response(
         {"pairs": [worker_json(p) for p in sorted(proxies, key=lambda p: p.proxy_id)]}
     )
 
 
-routes = [
-    Route("/admin/pairs", add_pair, methods=["POST"]),
-    Route("/admin/pairs", list_pairs, methods=["GET"]),
-    Route("/admin/pairs/{proxy_id}", remove_pair, methods=["DELETE"]),
-    Route("/admin/workers", list_workers, methods=["GET"]),
-]
+router.add_api_route("/admin/workers", list_workers, **LIST_WORKERS)

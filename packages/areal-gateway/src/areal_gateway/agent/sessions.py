@@ -9,31 +9,33 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from starlette.requests import Request
+from fastapi import APIRouter, Body, Depends
 from starlette.responses import Response
-from starlette.routing import Route
 
 from areal_gateway.agent.common import (
     check_session_access,
     create_session,
-    gateway,
-    json_response,
     log,
-    metadata_of,
-    principal,
     proxy_of,
     release,
-    require_admin,
     session_key_of,
 )
-from areal_gateway.openai.errors import bad_request
-from areal_gateway.openai.forward import parse_object, read_body
+from areal_gateway.api import ERRORS, AdminKey, AnyKey, GatewayDep, GatewayRoute, json_response
+from areal_gateway.schemas import (
+    AgentExportRequest,
+    AgentExportResult,
+    AgentRewardRequest,
+    ClosedSession,
+    CreatedSession,
+    CreateSessionRequest,
+    RewardResult,
+    SessionHistory,
+)
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_runtime.errors import SessionNotFound
@@ -49,24 +51,32 @@ def _envelope(p: Any, session_id: str, deadline_s: float) -> envelope_pb2.Envelo
     )
 
 
-async def _optional_body(request: Request, limit: int) -> dict[str, Any]:
-    body = await read_body(request, limit)
-    return parse_object(body) if body.strip() else {}
+def _own_session(session_id: str, p: AnyKey) -> str:
+    # A dependency, so that another session's key is a 403 before its body is validated.
+    check_session_access(p, session_id)
+    return session_id
 
 
-async def create(request: Request) -> Response:
-    gw = gateway(request)
-    require_admin(principal(gw, request))
-    doc = await _optional_body(request, gw.settings.max_body_bytes)
-    out = await create_session(gw, metadata_of(doc))
+# The `{session_id}` of the path, which the caller may act on.
+SessionId = Annotated[str, Depends(_own_session)]
+
+router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["agent sessions"])
+
+
+@router.post("/v1/sessions", status_code=201, response_model=CreatedSession)
+async def create(
+    gw: GatewayDep,
+    _: AdminKey,
+    body: Annotated[CreateSessionRequest, Body(default_factory=CreateSessionRequest)],
+) -> Response:
+    """A session on the least-loaded pair, with its own key."""
+    out = await create_session(gw, dict(body.metadata or {}))
     return json_response(out, 201)
 
 
-async def close(request: Request) -> Response:
-    gw = gateway(request)
-    sid = request.path_params["session_id"]
-    p = principal(gw, request)
-    check_session_access(p, sid)
+@router.delete("/v1/sessions/{session_id}", response_model=ClosedSession)
+async def close(sid: SessionId, gw: GatewayDep, p: AnyKey) -> Response:
+    """Close a session (the admin key, or its own)."""
     client = await proxy_of(gw, sid)
     existed = await client.close_session(sid, session_key_of(p))
     await release(gw, sid)
@@ -80,11 +90,9 @@ def raise_not_found(sid: str) -> None:
     raise SessionNotFound(f"session '{sid}' not found")
 
 
-async def history(request: Request) -> Response:
-    gw = gateway(request)
-    sid = request.path_params["session_id"]
-    p = principal(gw, request)
-    check_session_access(p, sid)
+@router.get("/v1/sessions/{session_id}/history", response_model=SessionHistory)
+async def history(sid: SessionId, gw: GatewayDep, p: AnyKey) -> Response:
+    """The session's messages so far."""
     client = await proxy_of(gw, sid)
     raw = await client.history(sid, session_key_of(p))
     return Response(
@@ -93,26 +101,16 @@ async def history(request: Request) -> Response:
     )
 
 
-async def reward(request: Request) -> Response:
-    gw = gateway(request)
-    sid = request.path_params["session_id"]
-    p = principal(gw, request)
-    check_session_access(p, sid)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
-    value = doc.get("reward")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request("'reward' must be a finite number.", code="invalid_type", param="reward")
-    interaction_id = doc.get("interaction_id") or ""
-    if not isinstance(interaction_id, str):
-        raise bad_request(
-            "'interaction_id' must be a string.", code="invalid_type", param="interaction_id"
-        )
+@router.post("/v1/sessions/{session_id}/reward", response_model=RewardResult)
+async def reward(sid: SessionId, body: AgentRewardRequest, gw: GatewayDep, p: AnyKey) -> Response:
+    """Reward the session's last interaction, or `interaction_id` (a linked agent service)."""
+    interaction_id = body.interaction_id or ""
     client = await proxy_of(gw, sid)
     resp = await client.set_reward(
         proxy_pb2.SetRewardRequest(
             session_id=sid,
             interaction_id=interaction_id,
-            reward=float(value),
+            reward=body.reward,
             envelope=_envelope(p, sid, 60.0),
         )
     )
@@ -121,25 +119,15 @@ async def reward(request: Request) -> Response:
     )
 
 
-async def export(request: Request) -> Response:
-    gw = gateway(request)
-    sid = request.path_params["session_id"]
-    p = principal(gw, request)
-    check_session_access(p, sid)
-    doc = await _optional_body(request, gw.settings.max_body_bytes)
-    style = doc.get("style", "individual")
-    if style not in ("individual", "concat"):
-        raise bad_request(
-            "'style' must be 'individual' or 'concat'.", code="invalid_value", param="style"
-        )
-    discount = doc.get("discount", 1.0)
-    if isinstance(discount, bool) or not isinstance(discount, (int, float)):
-        raise bad_request("'discount' must be a number.", code="invalid_type", param="discount")
-    remove = doc.get("remove_session", False)
-    if not isinstance(remove, bool):
-        raise bad_request(
-            "'remove_session' must be a boolean.", code="invalid_type", param="remove_session"
-        )
+@router.post("/v1/sessions/{session_id}/export", response_model=AgentExportResult)
+async def export(
+    sid: SessionId,
+    gw: GatewayDep,
+    p: AnyKey,
+    body: Annotated[AgentExportRequest, Body(default_factory=AgentExportRequest)],
+) -> Response:
+    """The session's trajectory rows (a linked agent service)."""
+    style, discount, remove = body.style, body.discount, body.remove_session
     client = await proxy_of(gw, sid)
     timeout = gw.settings.request_timeout
     chunks = await client.export(
@@ -154,12 +142,3 @@ async def export(request: Request) -> Response:
     )
     rows = [line for chunk in chunks for line in chunk.splitlines() if line.strip()]
     return Response(b'{"rows":[' + b",".join(rows) + b"]}", media_type="application/json")
-
-
-routes = [
-    Route("/v1/sessions", create, methods=["POST"]),
-    Route("/v1/sessions/{session_id}", close, methods=["DELETE"]),
-    Route("/v1/sessions/{session_id}/history", history, methods=["GET"]),
-    Route("/v1/sessions/{session_id}/reward", reward, methods=["POST"]),
-    Route("/v1/sessions/{session_id}/export", export, methods=["POST"]),
-]

@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions` (alias `/chat/completions`).
+"""`POST /v1/chat/completions` (alias `/chat/completions`): what `fastpath` needs for it.
 
 The gateway checks only what it acts on; the proxy validates the rest (roles, max_tokens,
 types) and its 400 passes through unchanged. The body bytes are forwarded as received.
@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.requests import Request
-from starlette.routing import Route
-
 from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.errors import bad_request
-from areal_gateway.openai.forward import Endpoint, GenerationResponse, handle
+from areal_gateway.openai.forward import Endpoint
 
 CHAT = Endpoint(
     label="chat",
@@ -37,14 +34,3 @@ def check_chat(doc: dict[str, Any]) -> None:
         raise bad_request(
             "'messages' must contain at least one message.", code="empty_array", param="messages"
         )
-
-
-async def chat_completions(request: Request) -> GenerationResponse:
-    return await handle(request, CHAT, check_chat)
-
-
-# Plain Starlette routes: no dependency solving on the hot path.
-routes = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/chat/completions", chat_completions, methods=["POST"]),
-]

@@ -1,15 +1,13 @@
-"""`POST /v1/completions` (alias `/completions`): text or token-id prompts."""
+"""`POST /v1/completions` (alias `/completions`, text or token-id prompts): what `fastpath`
+needs for it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from starlette.requests import Request
-from starlette.routing import Route
-
 from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.errors import bad_request
-from areal_gateway.openai.forward import Endpoint, GenerationResponse, handle
+from areal_gateway.openai.forward import Endpoint
 
 COMPLETIONS = Endpoint(
     label="completions",
@@ -26,13 +24,3 @@ def check_completion(doc: dict[str, Any]) -> None:
             code="missing_required_parameter",
             param="prompt",
         )
-
-
-async def completions(request: Request) -> GenerationResponse:
-    return await handle(request, COMPLETIONS, check_completion)
-
-
-routes = [
-    Route("/v1/completions", completions, methods=["POST"]),
-    Route("/completions", completions, methods=["POST"]),
-]

@@ -1,12 +1,14 @@
 """OpenAI-shaped error responses: `{"error": {"message", "type", "code", "param"}}`.
 
 Every error the gateway answers goes through `error_response`, including FastAPI's own
-404/405/422 and anything unexpected (500, never a traceback).
+404/405, a body that fails its model (400, `validation_error`), and anything unexpected (500,
+never a traceback).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -16,7 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    ServiceError,
+    error_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +52,44 @@ def error_response(err: ServiceError, headers: dict[str, str] | None = None) -> 
 
 def bad_request(
     message: str, *, code: str = "invalid_request", param: str | None = None
-) -> ServiceError:
-    return ServiceError(400, message, type="invalid_request_error", code=code, param=param)
+) -> InvalidRequest:
+    return InvalidRequest(message, code=code, param=param)
+
+
+# Pydantic's error types that mean "a value of the wrong kind" (the rest: a wrong value).
+_WRONG_KIND = ("_type", "_parsing")
+
+
+def validation_error(errors: Sequence[Any]) -> InvalidRequest:
+    """A body that failed its model, as the 400 the hand-written checks answered before: the
+    first problem, `param` the field's dotted path (`proxies.0.address`), `code`
+    `missing_required_parameter`, `invalid_type`, `invalid_value`, or a validator's own."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc") or ()]
+    param = ".".join(loc[1:]) or None  # loc[0] is "body", "path", ...
+    kind = str(first.get("type") or "")
+    msg = str(first.get("msg") or "invalid request").rstrip(".")
+    if kind == "missing":
+        return InvalidRequest(
+            f"Missing required parameter: '{param}'.",
+            code="missing_required_parameter",
+            param=param,
+        )
+    if kind.endswith(_WRONG_KIND) or kind == "model_attributes_type":
+        code = "invalid_type"
+    elif kind.startswith(("invalid_", "duplicate_")):  # our validators' PydanticCustomError
+        code = kind
+    else:
+        code = "invalid_value"
+    message = f"Invalid '{param}': {msg}." if param else f"Invalid request body: {msg}."
+    return InvalidRequest(message, code=code, param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_service_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServiceError)
-        headers = {"connection": "close"} if exc.http_status == 413 else None
+        # The rest of an oversized body is never read: the connection cannot be reused.
+        headers = {"connection": "close"} if isinstance(exc, PayloadTooLarge) else None
         return error_response(exc, headers)
 
     async def on_http_exception(request: Request, exc: Exception) -> Response:
@@ -62,27 +100,18 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"Unknown path: {request.method} {request.url.path}"
         elif status == 405:
             message = f"Method {request.method} is not allowed on {request.url.path}"
-        err = ServiceError(status, message, code=_HTTP_CODES.get(status))
+        err = error_for(status, message, code=_HTTP_CODES.get(status))
         return error_response(err, dict(exc.headers) if exc.headers else None)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        errors: Any = exc.errors()
-        first = errors[0] if errors else {}
-        loc = first.get("loc") or ()
-        param = ".".join(str(p) for p in loc[1:]) or None
-        message = str(first.get("msg") or "invalid request")
-        return error_response(ServiceError(422, message, code="invalid_request", param=param))
+        return error_response(validation_error(exc.errors()))
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.error(
             "unhandled error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc
         )
-        return error_response(
-            ServiceError(
-                500, "Internal error in the gateway.", type="api_error", code="internal_error"
-            )
-        )
+        return error_response(InternalError("Internal error in the gateway."))
 
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(StarletteHTTPException, on_http_exception)

@@ -1,4 +1,4 @@
-"""The generation path shared by chat and completions.
+"""The generation path shared by chat and completions, as `fastpath.GenerationFastPath` runs it:
 
     auth -> read body (size-capped) -> parse what the gateway acts on -> GenerationResponse
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -32,7 +32,17 @@ from areal_gateway.prefix import prefix_hashes
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Draining,
+    InternalError,
+    NoHealthyReplica,
+    PayloadTooLarge,
+    PermissionDenied,
+    ServiceError,
+    UpstreamError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +67,18 @@ class Endpoint:
 
 
 def _too_large(limit: int) -> ServiceError:
-    return ServiceError(
-        413,
-        f"Request body is larger than {limit} bytes.",
-        type="invalid_request_error",
-        code="body_too_large",
-    )
+    return PayloadTooLarge(f"Request body is larger than {limit} bytes.")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than `limit` bytes (declared or actually sent)."""
-    declared = request.headers.get("content-length")
+    """The whole body of a Starlette request, refusing more than `limit` bytes."""
+    return await receive_body(request.receive, request.headers.get("content-length"), limit)
+
+
+async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The whole body off the raw ASGI messages, refusing more than `limit` bytes (declared
+    in Content-Length or actually sent). The one body reader: the generation fast path has
+    no Request object, every other endpoint reaches it through `read_body`."""
     if declared is not None:
         try:
             size = int(declared)
@@ -79,16 +90,22 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise _too_large(limit)
     parts: list[bytes] = []
     total = 0
-    try:
-        async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
             if chunk:
                 total += len(chunk)
                 if total > limit:
                     raise _too_large(limit)
                 parts.append(chunk)
-    except ClientDisconnect:
-        raise ServiceError(499, "Client closed the request.", code="client_closed") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            raise Cancelled("Client closed the request.")
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -179,7 +196,7 @@ class GenerationResponse(Response):
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise ServiceError(504, "The request timed out.", code="deadline_exceeded")
+            raise DeadlineExceeded("The request timed out.")
         return left
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -273,12 +290,7 @@ class GenerationResponse(Response):
             log.exception("request %s: unexpected error", self.request_id)
             await self._send_error(
                 send,
-                ServiceError(
-                    500,
-                    f"Internal error in the gateway ({type(exc).__name__}).",
-                    type="api_error",
-                    code="internal_error",
-                ),
+                InternalError(f"Internal error in the gateway ({type(exc).__name__})."),
             )
 
     async def _internal(self, send: Send) -> None:
@@ -297,11 +309,7 @@ class GenerationResponse(Response):
                 await self._external(send, route.model)
                 return
             if not route.address:
-                raise ServiceError(
-                    503,
-                    f"No healthy replica for model {self.model!r}.",
-                    code="no_healthy_replica",
-                )
+                raise NoHealthyReplica(f"No healthy replica for model {self.model!r}.")
             gw.metrics.routed_to(self.model, route.proxy_id).inc()
             client = gw.proxies.get(route.address)
             routes.acquire(route.address)
@@ -319,7 +327,7 @@ class GenerationResponse(Response):
                 # draining (which a request outside a session, free to go anywhere, need not
                 # hear about). The router decides again (no lease); another replica may take it.
                 unread = isinstance(err, ProxyUnreachable) or (
-                    err.code == "draining" and not self.principal.session_id
+                    isinstance(err, Draining) and not self.principal.session_id
                 )
                 if not unread:
                     raise
@@ -372,8 +380,7 @@ class GenerationResponse(Response):
 
     async def _external(self, send: Send, model: router_pb2.ModelInfo) -> None:
         if not self.principal.is_admin:
-            raise ServiceError(
-                403,
+            raise PermissionDenied(
                 f"Model {self.model!r} is an external model; only the admin key may use it.",
                 code="external_model_forbidden",
             )
@@ -413,12 +420,7 @@ class GenerationResponse(Response):
             )
             await send({"type": "http.response.body", "body": body})
             return
-        raise ServiceError(
-            502,
-            f"External model {self.model!r} answered {status}.",
-            type="api_error",
-            code="upstream_error",
-        )
+        raise UpstreamError(f"External model {self.model!r} answered {status}.")
 
 
 def _is_openai_error(body: bytes) -> bool:
@@ -427,22 +429,3 @@ def _is_openai_error(body: bytes) -> bool:
     except orjson.JSONDecodeError:
         return False
     return isinstance(doc, dict) and isinstance(doc.get("error"), dict)
-
-
-# --- the endpoint body shared by chat and completions ---------------------------------------------
-
-
-async def handle(
-    request: Request,
-    endpoint: Endpoint,
-    check: Callable[[dict[str, Any]], None],
-) -> GenerationResponse:
-    gw: Gateway = request.app.state.gateway
-    principal = gw.auth.principal(request)
-    body = await read_body(request, gw.settings.max_body_bytes)
-    doc = parse_object(body)
-    model, stream = parse_model_and_stream(doc)
-    check(doc)
-    return GenerationResponse(
-        gw, endpoint, principal, request_id(request), model, stream, body, doc
-    )

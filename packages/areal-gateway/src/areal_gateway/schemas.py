@@ -1,0 +1,313 @@
+"""The JSON bodies of the admin, RL, control and agent-session APIs, as pydantic models.
+
+They are what FastAPI validates a request against and what the OpenAPI document
+(`GET /openapi.json`, admin key) shows; docs/services.md describes the same shapes.
+
+Requests are strict (`"3"` is no integer, `1` no boolean, as before these models existed) and
+ignore unknown fields (as the hand-written checks did). Where a field took `null` to mean
+"not given", it still does (`X | None`). The endpoints answer with the exact bytes they always
+sent (orjson, keys absent rather than null where a key only applies to one kind); the response
+models document those bytes and the tests check real answers against them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic_core import PydanticCustomError
+
+MAX_GROUP_SIZE = 1024
+
+ExportStyle = Literal["individual", "concat"]
+Health = Literal["unknown", "healthy", "unhealthy", "draining"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Response(BaseModel):
+    # "forbid": a key the endpoint sends but the model lacks fails the schema test.
+    model_config = ConfigDict(extra="forbid")
+
+
+def _host_port(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PydanticCustomError(
+            "invalid_address", "must be host:port, got {address!r}", {"address": address}
+        )
+    return address
+
+
+# Surrounding blanks are dropped; what is left must not be empty.
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Address = Annotated[
+    Name, AfterValidator(_host_port), Field(description="host:port", examples=["127.0.0.1:50061"])
+]
+Id = Annotated[str, StringConstraints(min_length=1)]
+
+
+# --- admin API (admin.py) ---------------------------------------------------------------------
+
+
+class ProxyRef(_Request):
+    proxy_id: Name
+    address: Address
+
+
+def _unique_ids(proxies: list[ProxyRef]) -> list[ProxyRef]:
+    ids = [p.proxy_id for p in proxies]
+    if len(set(ids)) != len(ids):
+        raise PydanticCustomError("duplicate_proxy_id", "proxy ids must be unique")
+    return proxies
+
+
+class RegisterModelRequest(_Request):
+    """An internal model served by data proxies, or an external OpenAI-compatible one."""
+
+    name: Name
+    kind: Literal["internal", "external"] = "internal"
+    proxies: Annotated[list[ProxyRef], AfterValidator(_unique_ids)] = Field(
+        default_factory=list, description="internal: the replicas' data proxies"
+    )
+    base_url: Name | None = Field(
+        None, description="external (required): the upstream's OpenAI base URL"
+    )
+    api_key: Annotated[str, StringConstraints(strip_whitespace=True)] | None = Field(
+        None, description="external: the upstream's key (never returned)"
+    )
+    upstream_model: Annotated[str, StringConstraints(strip_whitespace=True)] | None = Field(
+        None, description="external: the upstream's name for the model (default: `name`)"
+    )
+
+
+class ProxyOut(_Response):
+    proxy_id: str
+    address: str
+
+
+class RegisteredModel(_Response):
+    name: str
+    kind: Literal["internal", "external"]
+    proxies: list[ProxyOut] | None = Field(None, description="internal models only")
+    base_url: str | None = Field(None, description="external models only")
+    upstream_model: str | None = Field(None, description="external models only")
+
+
+class ModelWorker(_Response):
+    proxy_id: str
+    address: str
+    health: Health
+    inflight_requests: int
+    inflight_tokens: int
+    sessions: int
+
+
+class ModelEntry(_Response):
+    name: str
+    kind: Literal["unspecified", "internal", "external"]
+    created: int
+    base_url: str | None = Field(None, description="external models only")
+    upstream_model: str | None = Field(None, description="external models only")
+    workers: list[ModelWorker]
+
+
+class ModelList(_Response):
+    models: list[ModelEntry]
+
+
+class DeregisteredModel(_Response):
+    name: str
+    proxy_ids: list[str]
+
+
+class AddedProxy(_Response):
+    name: str
+    proxy_id: str
+    address: str
+
+
+class Worker(_Response):
+    proxy_id: str
+    address: str
+    model: str
+    kind: Literal["unspecified", "inference", "agent"]
+    health: Health
+    inflight_requests: int
+    inflight_tokens: int
+    sessions: int
+    last_seen_unix_ms: int
+    last_error: str
+    labels: dict[str, str]
+
+
+class WorkerList(_Response):
+    workers: list[Worker]
+
+
+# --- generation control (control.py) ------------------------------------------------------------
+
+
+class ControlTarget(_Request):
+    """Which inference proxies: all, one model's, or one worker (a proxy id)."""
+
+    model: str | None = None
+    worker: str | None = None
+
+
+class SetVersionRequest(ControlTarget):
+    version: int = Field(ge=0)
+
+
+class UpdateWeightsRequest(ControlTarget):
+    path: Id = Field(description="the checkpoint the engines load")
+    version: int = Field(-1, description="the new version; -1: the current one + 1")
+
+
+class WorkerControl(_Response):
+    proxy_id: str
+    model: str
+    paused: bool | None = Field(None, description="absent when this worker failed")
+    version: int | None = Field(None, description="absent when this worker failed")
+    message: str | None = Field(None, description="absent when this worker failed")
+    error: str | None = Field(None, description="only when this worker failed")
+
+
+class ControlResult(_Response):
+    action: Literal["pause", "continue", "set_version", "update_weights"]
+    workers: list[WorkerControl]
+    version: int | None = Field(description="the highest version reported; null if none")
+
+
+# --- RL API (rl.py) ----------------------------------------------------------------------------
+
+
+class StartSessionRequest(_Request):
+    task_id: str | None = None
+    group_size: int = Field(1, ge=1, le=MAX_GROUP_SIZE)
+    model: str | None = Field(None, description="may be omitted when one model is served")
+
+
+class SessionCredentials(_Response):
+    session_id: str
+    session_api_key: str
+
+
+class StartedGroup(_Response):
+    group_id: str
+    task_id: str
+    model: str
+    sessions: list[SessionCredentials]
+
+
+class SetRewardRequest(_Request):
+    reward: float = Field(allow_inf_nan=False)
+    session_id: str | None = Field(None, description="with the admin key: the session")
+    interaction_id: str | None = Field(None, description="default: the session's last one")
+
+
+class RewardResult(_Response):
+    session_id: str
+    interaction_id: str
+    reward: float
+
+
+class EndSessionRequest(_Request):
+    session_ids: list[Id] | None = Field(None, description="with the admin key: the sessions")
+
+
+class EndedSessions(_Response):
+    ended: int
+
+
+class ExportRequest(_Request):
+    group_id: str | None = None
+    session_ids: list[Id] | None = None
+    style: ExportStyle | None = "individual"
+    discount: float = Field(1.0, ge=0.0, le=1.0)
+    remove_session: bool = False
+    format: Literal["json", "jsonl"] | None = Field(
+        None, description="jsonl: JSON lines, as with `Accept: application/x-ndjson`"
+    )
+
+
+class TrajectoryRow(BaseModel):
+    """One exported row; the proxy makes it (areal_proxy.recording.export)."""
+
+    model_config = ConfigDict(extra="allow")
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float
+    session_id: str
+    group_id: str
+    task_id: str
+    interaction_id: str
+    interaction_ids: list[str]
+    finish_reason: str | None = None
+
+
+class ExportResult(_Response):
+    count: int
+    rows: list[TrajectoryRow]
+
+
+# --- agent mode (agent/sessions.py, agent/pairs.py) ----------------------------------------------
+
+
+class CreateSessionRequest(_Request):
+    metadata: dict[str, Any] | None = Field(None, description="passed to the agent")
+
+
+class CreatedSession(_Response):
+    session_id: str
+    session_api_key: str
+    rl_session_id: str | None = Field(None, description="when linked to an inference service")
+
+
+class ClosedSession(_Response):
+    session_id: str
+    closed: bool
+
+
+class SessionHistory(_Response):
+    session_id: str
+    history: list[Any]
+
+
+class AgentRewardRequest(_Request):
+    reward: float = Field(allow_inf_nan=False)
+    interaction_id: str | None = Field(None, description="default: the session's last one")
+
+
+class AgentExportRequest(_Request):
+    style: ExportStyle = "individual"
+    discount: float = 1.0
+    remove_session: bool = False
+
+
+class AgentExportResult(_Response):
+    rows: list[TrajectoryRow]
+
+
+class AddPairRequest(_Request):
+    proxy_id: Name
+    address: Address
+
+
+class AddedPair(_Response):
+    proxy_id: str
+    address: str
+    model: str
+
+
+class RemovedPair(_Response):
+    proxy_id: str
+    removed: bool
+
+
+class PairList(_Response):
+    pairs: list[Worker]

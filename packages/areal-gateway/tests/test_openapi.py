@@ -1,0 +1,322 @@
+"""The OpenAPI document of a running gateway, and the typed JSON APIs behind it.
+
+The document is compared with the routes the app really serves (so neither can drift from
+the other), real answers are checked against the declared response models, and bad bodies
+must keep the OpenAI error shape, after the key check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ADMIN_KEY, MAX_BODY, RunningGateway, Stack
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.routing import Route
+from test_errors import assert_error
+
+from areal_gateway.app import api_routers
+from areal_runtime.session_keys import mint_key
+
+# What each mode's document must list: the admin, RL and control APIs (inference), the
+# session and pair APIs (agent). Nothing of the OpenAI API, health or metrics.
+INFERENCE_OPERATIONS = {
+    ("GET", "/admin/models"),
+    ("POST", "/admin/models"),
+    ("DELETE", "/admin/models/{name}"),
+    ("POST", "/admin/models/{name}/proxies"),
+    ("GET", "/admin/workers"),
+    ("POST", "/admin/pause"),
+    ("POST", "/admin/continue"),
+    ("POST", "/admin/set_version"),
+    ("POST", "/admin/update_weights"),
+    ("POST", "/rl/start_session"),
+    ("POST", "/rl/set_reward"),
+    ("POST", "/rl/end_session"),
+    ("POST", "/rl/export_trajectories"),
+    ("POST", "/export_trajectories"),
+}
+AGENT_OPERATIONS = {
+    ("POST", "/v1/sessions"),
+    ("DELETE", "/v1/sessions/{session_id}"),
+    ("GET", "/v1/sessions/{session_id}/history"),
+    ("POST", "/v1/sessions/{session_id}/reward"),
+    ("POST", "/v1/sessions/{session_id}/export"),
+    ("POST", "/admin/pairs"),
+    ("GET", "/admin/pairs"),
+    ("DELETE", "/admin/pairs/{proxy_id}"),
+    ("GET", "/admin/workers"),
+}
+# Of those, the ones whose body is optional (no body: every proxy / the defaults).
+OPTIONAL_BODIES = {
+    "/admin/pause",
+    "/admin/continue",
+    "/rl/start_session",
+    "/rl/end_session",
+    "/rl/export_trajectories",
+    "/export_trajectories",
+    "/v1/sessions",
+    "/v1/sessions/{session_id}/export",
+}
+
+
+def _app_routes(gw: RunningGateway) -> list[APIRoute]:
+    """The typed routes the app was built with."""
+    routes = [r for router in api_routers(gw.gateway.settings.mode) for r in router.routes]
+    assert all(isinstance(r, APIRoute) for r in routes)
+    return routes  # type: ignore[return-value]
+
+
+def _plain_routes(gw: RunningGateway) -> list[Route]:
+    app = gw.server.config.app.app  # uvicorn serves the fast path, in front of the app
+    return [r for r in app.routes if type(r) is Route]
+
+
+def _operations(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+
+
+def _fetch(url: str) -> dict[str, Any]:
+    r = httpx.get(url + "/openapi.json", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def _check_document(doc: dict[str, Any], gw: RunningGateway, expected: set) -> None:
+    assert doc["openapi"].startswith("3.")
+    routes = _app_routes(gw)
+    declared = {(m, r.path) for r in routes for m in r.methods}
+    assert _operations(doc) == declared == expected
+    # Each documented operation is really served, key check first (401, not 404 or 400) ...
+    with httpx.Client(base_url=gw.url) as c:
+        for method, path in sorted(expected):
+            url = path.replace("{name}", "m").replace("{proxy_id}", "p")
+            r = c.request(method, url.replace("{session_id}", "s"), content=b"{")
+            assert_error(r, 401, "missing_api_key")
+    # ... and no JSON API hides among the plain (undocumented) routes.
+    plain = {r.path for r in _plain_routes(gw)}
+    assert plain <= {
+        "/health",
+        "/metrics",
+        "/openapi.json",
+        "/v1/models",
+        "/models",
+        "/v1/models/{name:path}",
+        "/v1/responses",
+        "/responses",
+        "/v1/chat/completions",
+        "/chat/completions",
+    }, plain
+    schemas = doc["components"]["schemas"]
+    # FastAPI's 422 body is never sent: errors are OpenAI-shaped.
+    assert "HTTPValidationError" not in schemas
+    assert set(schemas["ErrorBody"]["properties"]) == {"error"}
+    for route in routes:
+        for method in route.methods:
+            op = doc["paths"][route.path][method.lower()]
+            assert op["security"] == [{"HTTPBearer": []}], route.path
+            assert "4XX" in op["responses"] and "422" not in op["responses"]
+            # The request schema is the model the route validates with.
+            if route.body_field is None:
+                assert "requestBody" not in op, route.path
+            else:
+                model = route.body_field.field_info.annotation
+                assert isinstance(model, type) and issubclass(model, BaseModel)
+                body = op["requestBody"]
+                ref = body["content"]["application/json"]["schema"]["$ref"]
+                assert ref == f"#/components/schemas/{model.__name__}", route.path
+                assert body.get("required", False) == (route.path not in OPTIONAL_BODIES)
+                assert set(schemas[model.__name__]["properties"]) == set(model.model_fields)
+            # ... and the answer's, the model the endpoint's answer is checked against below.
+            status = str(route.status_code or 200)
+            model = route.response_model
+            ref = op["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == f"#/components/schemas/{model.__name__}", route.path
+
+
+def _response_model(gw: RunningGateway, method: str, path: str) -> type[BaseModel]:
+    for r in _app_routes(gw):
+        if r.path == path and method in r.methods:
+            model: type[BaseModel] = r.response_model
+            return model
+    raise AssertionError(f"no route {method} {path}")
+
+
+def test_document_lists_exactly_the_served_json_apis(stack: Stack) -> None:
+    doc = _fetch(stack.url)
+    _check_document(doc, stack.gw, INFERENCE_OPERATIONS)
+    reg = doc["components"]["schemas"]["RegisterModelRequest"]
+    assert reg["required"] == ["name"]
+    assert reg["properties"]["kind"]["enum"] == ["internal", "external"]
+    group = doc["components"]["schemas"]["StartSessionRequest"]["properties"]["group_size"]
+    assert (group["minimum"], group["maximum"], group["default"]) == (1, 1024, 1)
+    export = doc["paths"]["/rl/export_trajectories"]["post"]["responses"]["200"]["content"]
+    assert set(export) == {"application/json", "application/x-ndjson"}
+
+
+def test_agent_mode_document(stack: Stack) -> None:
+    gw = stack.start_gateway(mode="agent")
+    _check_document(_fetch(gw.url), gw, AGENT_OPERATIONS)
+    # A pair round trip, each answer in its declared shape.
+    with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as c:
+        pair = {"proxy_id": "pair-openapi", "address": stack.proxy_addrs["p0"]}
+        r = c.post("/admin/pairs", json=pair)
+        assert r.status_code == 201, r.text
+        _response_model(gw, "POST", "/admin/pairs").model_validate(r.json())
+        for path in ("/admin/pairs", "/admin/workers"):
+            r = c.get(path)
+            assert r.status_code == 200, r.text
+            _response_model(gw, "GET", path).model_validate(r.json())
+        r = c.delete("/admin/pairs/pair-openapi")
+        _response_model(gw, "DELETE", "/admin/pairs/{proxy_id}").model_validate(r.json())
+        assert_error(c.post("/admin/pairs", json={"proxy_id": " ", "address": "h:1"}), 400)
+        r = c.post("/v1/sessions/s-1/reward", json={"reward": "high"})
+        assert_error(r, 400, "invalid_type", "reward")
+    # Another session's key is refused before its body is looked at.
+    other = {"Authorization": f"Bearer {mint_key('agent-other')}"}
+    r = httpx.post(gw.url + "/v1/sessions/s-1/reward", headers=other, json={"reward": "x"})
+    assert_error(r, 403, "forbidden_session")
+
+
+def test_document_needs_the_admin_key(stack: Stack) -> None:
+    assert_error(httpx.get(stack.url + "/openapi.json"), 401, "missing_api_key")
+    session = {"Authorization": f"Bearer {mint_key('sess-openapi')}"}
+    assert_error(httpx.get(stack.url + "/openapi.json", headers=session), 403)
+    for path in ("/docs", "/redoc"):
+        assert_error(httpx.get(stack.url + path), 404)
+
+
+def test_admin_answers_match_their_models(
+    stack: Stack, http: httpx.Client, admin_headers: dict[str, str]
+) -> None:
+    gw = stack.gw
+    body = {
+        "name": "m-openapi",
+        "proxies": [{"proxy_id": "m-openapi-0", "address": f" {stack.proxy_addrs['p0']} "}],
+    }
+    r = http.post("/admin/models", headers=admin_headers, json=body)
+    assert r.status_code == 201, r.text
+    created = _response_model(gw, "POST", "/admin/models").model_validate(r.json())
+    # Kind defaults to internal; blanks around an address are dropped, as before.
+    assert (
+        created.kind == "internal"
+        and r.json()["proxies"][0]["address"] == body["proxies"][0]["address"].strip()
+    )
+    r = http.post(
+        "/admin/models/m-openapi/proxies",
+        headers=admin_headers,
+        json={"proxy_id": "m-openapi-1", "address": stack.proxy_addrs["p1"]},
+    )
+    assert r.status_code == 201, r.text
+    _response_model(gw, "POST", "/admin/models/{name}/proxies").model_validate(r.json())
+    for path in ("/admin/models", "/admin/workers"):
+        r = http.get(path, headers=admin_headers)
+        assert r.status_code == 200, r.text
+        _response_model(gw, "GET", path).model_validate(r.json())
+    # The fake proxies have no control RPCs: every worker fails, in the declared shape.
+    r = http.post("/admin/pause", headers=admin_headers, json={"model": "m-openapi"})
+    assert r.status_code >= 500, r.text
+    result = _response_model(gw, "POST", "/admin/pause").model_validate(r.json())
+    assert result.action == "pause" and result.version is None
+    assert {w.proxy_id for w in result.workers} == {"m-openapi-0", "m-openapi-1"}
+    assert all(w.error and w.paused is None for w in result.workers)
+    r = http.delete("/admin/models/m-openapi", headers=admin_headers)
+    assert r.status_code == 200, r.text
+    _response_model(gw, "DELETE", "/admin/models/{name}").model_validate(r.json())
+
+
+@pytest.mark.parametrize(
+    "path, body, code, param",
+    [
+        (
+            "/admin/models",
+            {"name": "x", "kind": "internal", "proxies": [3]},
+            "invalid_type",
+            "proxies.0",
+        ),
+        ("/admin/models", {"name": 5}, "invalid_type", "name"),
+        ("/admin/models", {"name": "   "}, "invalid_value", "name"),
+        (
+            "/admin/models",
+            {"name": "x", "proxies": [{"proxy_id": "a", "address": "nohost"}]},
+            "invalid_address",
+            "proxies.0.address",
+        ),
+        (
+            "/admin/models",
+            {"name": "x", "proxies": [{"proxy_id": "a", "address": "h:1"}] * 2},
+            "duplicate_proxy_id",
+            "proxies",
+        ),
+        ("/admin/models/m/proxies", {"address": "h:1"}, "missing_required_parameter", "proxy_id"),
+        ("/admin/set_version", {}, "missing_required_parameter", "version"),
+        ("/admin/set_version", {"version": -1}, "invalid_value", "version"),
+        ("/admin/set_version", {"version": "3"}, "invalid_type", "version"),
+        ("/admin/set_version", {"version": True}, "invalid_type", "version"),
+        ("/admin/update_weights", {"version": 2}, "missing_required_parameter", "path"),
+        ("/admin/update_weights", {"path": ""}, "invalid_value", "path"),
+        ("/admin/pause", {"model": 7}, "invalid_type", "model"),
+        ("/rl/start_session", {"group_size": 0}, "invalid_value", "group_size"),
+        ("/rl/start_session", {"group_size": 1025}, "invalid_value", "group_size"),
+        ("/rl/start_session", {"group_size": 2.0}, "invalid_type", "group_size"),
+        ("/rl/start_session", {"task_id": ["t"]}, "invalid_type", "task_id"),
+        ("/rl/set_reward", {"session_id": "s"}, "missing_required_parameter", "reward"),
+        ("/rl/set_reward", {"reward": "1"}, "invalid_type", "reward"),
+        ("/rl/end_session", {"session_ids": [""]}, "invalid_value", "session_ids.0"),
+        ("/rl/export_trajectories", {"style": "flat"}, "invalid_value", "style"),
+        ("/rl/export_trajectories", {"discount": 1.5}, "invalid_value", "discount"),
+        ("/rl/export_trajectories", {"remove_session": "yes"}, "invalid_type", "remove_session"),
+        ("/export_trajectories", {"session_ids": "s"}, "invalid_type", "session_ids"),
+    ],
+)
+def test_bad_bodies_get_openai_errors(
+    http: httpx.Client, admin_headers: dict[str, str], path: str, body: Any, code: str, param: str
+) -> None:
+    err = assert_error(http.post(path, headers=admin_headers, json=body), 400, code, param)
+    assert err["type"] == "invalid_request_error" and f"'{param}'" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/admin/models", "/admin/set_version", "/rl/set_reward"])
+def test_auth_and_size_come_before_the_body(
+    http: httpx.Client, admin_headers: dict[str, str], path: str
+) -> None:
+    bad = {"version": "x", "reward": "x", "name": 3}
+    assert_error(http.post(path, json=bad), 401, "missing_api_key")
+    assert_error(http.post(path, json=bad, headers={"Authorization": "Bearer nope"}), 401)
+    session = {"Authorization": f"Bearer {mint_key('sess-order')}"}
+    if path.startswith("/admin/"):
+        assert_error(http.post(path, json=bad, headers=session), 403, "admin_key_required")
+    h = {**admin_headers, "content-type": "application/json"}
+    assert_error(http.post(path, headers=h, content=b"{"), 400, "invalid_json")
+    assert_error(http.post(path, headers=h, content=b"[1]"), 400, "invalid_body")
+    assert_error(http.post(path, headers=h, content=b""), 400, "invalid_json")
+    assert_error(http.post(path, headers=h, content=b" " * (MAX_BODY + 1)), 413, "body_too_large")
+
+
+def test_bodies_are_json_whatever_their_content_type(
+    http: httpx.Client, admin_headers: dict[str, str]
+) -> None:
+    # `curl -d` labels a JSON body as a form; the gateway always read bodies as JSON.
+    for ctype in ("application/x-www-form-urlencoded", "text/plain", None):
+        h = {**admin_headers, **({"content-type": ctype} if ctype else {})}
+        r = http.post("/admin/set_version", headers=h, content=b'{"version": 1, "worker": "nope"}')
+        assert_error(r, 404, "worker_not_found", "worker")
+    # An optional body may be absent or blank: pause everything (no worker matches here).
+    for content in (b"", b"  \n"):
+        r = http.post(
+            "/admin/pause", headers=admin_headers, content=content + b"", params={"x": "1"}
+        )
+        assert r.status_code != 400, r.text
+
+
+def test_unknown_fields_are_ignored(http: httpx.Client, admin_headers: dict[str, str]) -> None:
+    r = http.post(
+        "/admin/set_version",
+        headers=admin_headers,
+        json={"version": 1, "worker": "nope", "comment": "ignored"},
+    )
+    assert_error(r, 404, "worker_not_found")
