@@ -93,7 +93,13 @@ def proxy(sglang_engine, tmp_path_factory) -> Iterator[ProxyProc]:
 @pytest.fixture
 async def stub(proxy):
     async with grpc.aio.insecure_channel(proxy.address) as channel:
-        yield proxy_pb2_grpc.ProxyServiceStub(channel)
+        yield proxy_pb2_grpc.InferenceProxyServiceStub(channel)
+
+
+@pytest.fixture
+async def status(proxy):
+    async with grpc.aio.insecure_channel(proxy.address) as channel:
+        yield proxy_pb2_grpc.ProxyStatusServiceStub(channel)
 
 
 def req(body: dict[str, Any]) -> envelope_pb2.OpenAIRequest:
@@ -252,7 +258,7 @@ async def test_errors_are_openai_shaped(stub):
     assert (d.http_status, d.param) == (400, "n")
 
 
-async def test_cancelling_a_stream_aborts_the_engine_request(stub, proxy, sglang_engine):
+async def test_cancelling_a_stream_aborts_the_engine_request(stub, status, proxy, sglang_engine):
     # 3900 tokens take about ten seconds on this CPU; an aborted request is gone at once.
     body = {"messages": MSG, "max_tokens": 3900, "ignore_eos": True, "temperature": 0}
     call = stub.ChatCompletionStream(req(body))
@@ -273,11 +279,11 @@ async def test_cancelling_a_stream_aborts_the_engine_request(stub, proxy, sglang
     assert engine_running(sglang_engine.url) < before
     assert time.monotonic() - started < 8
     assert "aborting engine request" in proxy.log.read_text()
-    stats = await stub.GetStats(proxy_pb2.GetStatsRequest())
+    stats = await status.GetStats(proxy_pb2.GetStatsRequest())
     assert stats.inflight_requests == 0
 
 
-async def test_pause_mid_stream_then_continue_completes(stub, sglang_engine):
+async def test_pause_mid_stream_then_continue_completes(stub, status, sglang_engine):
     n = 400
     body = {
         "messages": MSG,
@@ -295,7 +301,7 @@ async def test_pause_mid_stream_then_continue_completes(stub, sglang_engine):
                 r = await stub.Pause(proxy_pb2.PauseRequest())
                 assert r.paused
                 paused_at = len(chunks)
-                stats = await stub.GetStats(proxy_pb2.GetStatsRequest())
+                stats = await status.GetStats(proxy_pb2.GetStatsRequest())
                 assert stats.paused and stats.inflight_requests == 1
 
                 async def resume_later() -> None:
@@ -310,7 +316,7 @@ async def test_pause_mid_stream_then_continue_completes(stub, sglang_engine):
     assert chat_text(chunks) == "\n" * n
     assert len(chat_lps(chunks)) == n
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    stats = await stub.GetStats(proxy_pb2.GetStatsRequest())
+    stats = await status.GetStats(proxy_pb2.GetStatsRequest())
     assert not stats.paused and stats.healthy
     # The engine generates again after Continue.
     assert engine_generate(sglang_engine.url, [1, 5], 2)["output_ids"] == [5, 5]
@@ -342,7 +348,7 @@ def test_sigterm_drains_and_exits_zero(sglang_engine, tmp_path):
 
     async def stream_then_term() -> list[dict[str, Any]]:
         async with grpc.aio.insecure_channel(p.address) as channel:
-            s = proxy_pb2_grpc.ProxyServiceStub(channel)
+            s = proxy_pb2_grpc.InferenceProxyServiceStub(channel)
             body = {"messages": MSG, "max_tokens": 150, "ignore_eos": True, "temperature": 0}
             out = []
             async for c in s.ChatCompletionStream(req(body)):

@@ -26,7 +26,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fakes import TOKEN, BackgroundLoop, FakeProxy, FakeRouter, start_grpc
+from fakes import PROXY_SERVICES, TOKEN, BackgroundLoop, FakeProxy, FakeRouter, start_grpc
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2_grpc
@@ -57,7 +57,7 @@ async def direct(addr: str, n: int) -> list[float]:
     import grpc
 
     ch = grpc.aio.insecure_channel(addr)
-    stub = proxy_pb2_grpc.ProxyServiceStub(ch)
+    stub = proxy_pb2_grpc.InferenceProxyServiceStub(ch)
     md = (("x-areal-internal-token", TOKEN),)
     req = envelope_pb2.OpenAIRequest(envelope=envelope_pb2.Envelope(model="bench"), body=BODY)
     out = []
@@ -116,7 +116,7 @@ def main() -> None:
 
     async def setup() -> tuple[int, int]:
         rs, rport = await start_grpc(router, router_pb2_grpc.add_RouterServiceServicer_to_server)
-        ps, pport = await start_grpc(proxy, proxy_pb2_grpc.add_ProxyServiceServicer_to_server)
+        ps, pport = await start_grpc(proxy, *PROXY_SERVICES)
         servers.extend((rs, ps))
         return rport, pport
 
@@ -138,6 +138,9 @@ def main() -> None:
             "areal_gateway",
             "--router-addr",
             f"127.0.0.1:{rport}",
+            # The fake proxy answers the per-call RPCs only (benchmarks/gateway_overhead.py
+            # measures the Generate stream against a real proxy).
+            "--no-proxy-streams",
             "--ready-file",
             str(ready),
             "--log-level",

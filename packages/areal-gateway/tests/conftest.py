@@ -19,12 +19,12 @@ from areal_gateway.app import create_app
 from areal_gateway.runtime import Gateway
 from areal_gateway.server import bind_socket, make_server
 from areal_gateway.settings import Settings
-from areal_proto.proxy.v1 import proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import (
+    PROXY_SERVICES,
     TOKEN,
     BackgroundLoop,
     FakeProxy,
@@ -119,7 +119,7 @@ def stack() -> Iterator[Stack]:
         servers = [rserver]
         addrs = {}
         for name, fake in proxies.items():
-            s, port = await start_grpc(fake, proxy_pb2_grpc.add_ProxyServiceServicer_to_server)
+            s, port = await start_grpc(fake, *PROXY_SERVICES)
             servers.append(s)
             addrs[name] = f"127.0.0.1:{port}"
         userver, uport, utask = await start_http(upstream.app)
@@ -137,6 +137,8 @@ def stack() -> Iterator[Stack]:
             max_body_bytes=MAX_BODY,
             request_timeout=30.0,
             drain_timeout=1.0,
+            # The fake proxies answer the per-call RPCs only (see FakeProxy).
+            proxy_streams=False,
         )
         settings = dataclasses.replace(settings, **overrides)
 

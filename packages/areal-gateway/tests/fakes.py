@@ -50,9 +50,10 @@ class BackgroundLoop:
         self.thread.join(5)
 
 
-async def start_grpc(servicer: Any, add: Any) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(servicer: Any, *adds: Any) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(interceptors=[InternalTokenInterceptor(TOKEN)])
-    add(servicer, server)
+    for add in adds:
+        add(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, port
@@ -148,6 +149,13 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
         return router_pb2.ListModelsResponse(models=out)
 
 
+# Registers a FakeProxy's services, as an inference proxy does.
+PROXY_SERVICES = (
+    proxy_pb2_grpc.add_InferenceProxyServiceServicer_to_server,
+    proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server,
+)
+
+
 # --- FAKE data proxy -----------------------------------------------------------------------------
 
 
@@ -161,7 +169,12 @@ class Received:
 
 
 @dataclass
-class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
+class FakeProxy(
+    proxy_pb2_grpc.InferenceProxyServiceServicer, proxy_pb2_grpc.ProxyStatusServiceServicer
+):
+    """An inference proxy with the per-call RPCs only: gateways in front of it run with
+    proxy_streams=False (test_generate_stream.py covers the Generate stream)."""
+
     proxy_id: str
     received: list[Received] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
@@ -292,10 +305,6 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
             if rid not in self.cancelled:
                 self.cancelled.append(rid)
             raise
-
-    async def Generate(self, request_iterator: Any, context: Any) -> Any:  # type: ignore[override]
-        # Like a proxy older than Generate: the gateway falls back to one call per request.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Generate is not implemented")
 
     async def GetStats(self, request: Any, context: Any) -> Any:
         from areal_proto.proxy.v1 import proxy_pb2

@@ -96,9 +96,9 @@ def test_bad_flag_values_are_refused() -> None:
 def test_ready_file_health_and_sigterm_drains(stack: Stack, tmp_path: Path) -> None:
     stack.register("m-bin")
     ready = tmp_path / "gw.json"
-    proc, info = start(
-        ["--router-addr", stack.router_addr, "--port", "0", "--drain-timeout", "5"], ready
-    )
+    # --no-proxy-streams: the stack's fake proxies answer the per-call RPCs only.
+    args = ["--router-addr", stack.router_addr, "--port", "0", "--drain-timeout", "5"]
+    proc, info = start([*args, "--no-proxy-streams"], ready)
     try:
         assert stat.S_IMODE(ready.stat().st_mode) == 0o600
         assert info["pid"] == proc.pid and info["host"] == "127.0.0.1" and info["port"] > 0

@@ -24,7 +24,7 @@ def _request(stream: bool = False) -> envelope_pb2.OpenAIRequest:
     )
 
 
-class Scripted(proxy_pb2_grpc.ProxyServiceServicer):
+class Scripted(proxy_pb2_grpc.InferenceProxyServiceServicer):
     """Answers each Generate request per `mode`; counts the streams opened."""
 
     def __init__(self, mode: str) -> None:
@@ -64,20 +64,20 @@ class Scripted(proxy_pb2_grpc.ProxyServiceServicer):
                 # "hang": never answer
 
 
-class Legacy(proxy_pb2_grpc.ProxyServiceServicer):
-    """An older proxy: the per-call RPCs only."""
+class NoGenerate(proxy_pb2_grpc.InferenceProxyServiceServicer):
+    """Breaks the contract: the per-call RPCs only, Generate left UNIMPLEMENTED."""
 
     def __init__(self) -> None:
         self.unary_calls = 0
 
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
         self.unary_calls += 1
-        return envelope_pb2.OpenAIResponse(body=b'{"legacy":true}')
+        return envelope_pb2.OpenAIResponse(body=b'{"unary":true}')
 
 
 async def _serve(servicer: Any) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
-    proxy_pb2_grpc.add_ProxyServiceServicer_to_server(servicer, server)
+    proxy_pb2_grpc.add_InferenceProxyServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
@@ -148,14 +148,17 @@ async def test_deadline_and_disconnect_cancel_on_the_proxy(pool: ProxyPool):
         await server.stop(0)
 
 
-async def test_proxy_without_generate_gets_one_call_per_request(pool: ProxyPool):
-    fake = Legacy()
+async def test_proxy_without_generate_is_an_error_not_a_fallback(pool: ProxyPool):
+    # Generate is part of InferenceProxyService and proxy and gateway ship together: the
+    # gateway does not quietly fall back to one call per request (only --no-proxy-streams
+    # does), and the request never reached a proxy that could run it.
+    fake = NoGenerate()
     server, address = await _serve(fake)
     try:
-        client = pool.get(address)
-        for _ in range(3):
-            assert await client.chat_completion(_request(), 5) == b'{"legacy":true}'
-        assert fake.unary_calls == 3
+        with pytest.raises(ServiceError) as ei:
+            await pool.get(address).chat_completion(_request(), 5)
+        assert not isinstance(ei.value, ProxyUnreachable)
+        assert fake.unary_calls == 0
     finally:
         await server.stop(0)
 

@@ -19,22 +19,92 @@ def test_envelope_round_trip():
     assert back.body == b'{"messages": []}'
 
 
-def test_services_declare_their_methods():
-    proxy = proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"]
-    names = {m.name for m in proxy.methods}
-    assert {
-        "ChatCompletion",
+# What each proxy mode serves (proto/areal/proxy/v1/proxy.proto): the exact method sets, so
+# a method added to or moved between services is a deliberate contract change.
+INFERENCE_PROXY = {
+    "ChatCompletion",
+    "ChatCompletionStream",
+    "Completion",
+    "CompletionStream",
+    "Generate",
+    "StartSessions",
+    "EndSessions",
+    "SetReward",
+    "ExportTrajectories",
+    "Pause",
+    "Continue",
+    "SetVersion",
+    "UpdateWeights",
+}
+AGENT_PROXY = {
+    "CreateAgentSession",
+    "AgentTurn",
+    "CloseAgentSession",
+    "GetAgentHistory",
+    "SetAgentReward",
+    "ExportAgentTrajectories",
+}
+PROXY_STATUS = {"GetStats"}
+
+
+def _methods(service: str) -> set[str]:
+    return {m.name for m in proxy_pb2.DESCRIPTOR.services_by_name[service].methods}
+
+
+def test_proxy_services_declare_exactly_their_methods():
+    assert set(proxy_pb2.DESCRIPTOR.services_by_name) == {
+        "InferenceProxyService",
+        "AgentProxyService",
+        "ProxyStatusService",
+    }
+    assert _methods("InferenceProxyService") == INFERENCE_PROXY
+    assert _methods("AgentProxyService") == AGENT_PROXY
+    assert _methods("ProxyStatusService") == PROXY_STATUS
+
+
+def test_no_proxy_method_is_in_two_services():
+    inference, agent = _methods("InferenceProxyService"), _methods("AgentProxyService")
+    status = _methods("ProxyStatusService")
+    assert not inference & agent
+    assert not (inference | agent) & status
+
+
+def test_proxy_streaming_shapes():
+    inference = proxy_pb2.DESCRIPTOR.services_by_name["InferenceProxyService"]
+    agent = proxy_pb2.DESCRIPTOR.services_by_name["AgentProxyService"]
+    streamed = {m.name for m in inference.methods if m.server_streaming}
+    assert streamed == {
         "ChatCompletionStream",
+        "CompletionStream",
+        "Generate",
         "ExportTrajectories",
-        "Pause",
-        "GetStats",
-    } <= names
-    assert proxy.methods_by_name["ChatCompletionStream"].server_streaming
+    }
+    generate = inference.methods_by_name["Generate"]
+    assert generate.client_streaming and generate.server_streaming
+    assert {m.name for m in agent.methods if m.server_streaming} == {
+        "AgentTurn",
+        "ExportAgentTrajectories",
+    }
+    # The agent service's reward and export take the inference service's messages.
+    assert (
+        agent.methods_by_name["SetAgentReward"].input_type
+        is inference.methods_by_name["SetReward"].input_type
+    )
+    assert (
+        agent.methods_by_name["ExportAgentTrajectories"].output_type
+        is inference.methods_by_name["ExportTrajectories"].output_type
+    )
+
+
+def test_services_declare_their_methods():
     router = router_pb2.DESCRIPTOR.services_by_name["RouterService"]
     assert {"RegisterProxy", "Route", "BindSession", "ListModels"} <= {
         m.name for m in router.methods
     }
-    assert hasattr(proxy_pb2_grpc, "ProxyServiceStub")
+    for name in ("InferenceProxyService", "AgentProxyService", "ProxyStatusService"):
+        assert hasattr(proxy_pb2_grpc, f"{name}Stub")
+        assert hasattr(proxy_pb2_grpc, f"add_{name}Servicer_to_server")
+    assert not hasattr(proxy_pb2_grpc, "ProxyServiceStub")
     assert hasattr(router_pb2_grpc, "add_RouterServiceServicer_to_server")
     assert hasattr(agent_worker_pb2_grpc, "AgentWorkerServiceStub")
 

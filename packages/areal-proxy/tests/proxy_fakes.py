@@ -152,7 +152,8 @@ class Harness:
     server: ProxyServer
     engine: FakeEngineClient
     channel: grpc.aio.Channel
-    stub: proxy_pb2_grpc.ProxyServiceStub
+    stub: proxy_pb2_grpc.InferenceProxyServiceStub
+    status: proxy_pb2_grpc.ProxyStatusServiceStub
     records: list[GenerationRecord] = field(default_factory=list)
 
     @property
@@ -218,7 +219,13 @@ async def start(engine: FakeEngineClient, **over: Any) -> Harness:
     server = create_server(settings(**over), engine=engine)
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    h = Harness(server, engine, channel, proxy_pb2_grpc.ProxyServiceStub(channel))
+    h = Harness(
+        server,
+        engine,
+        channel,
+        proxy_pb2_grpc.InferenceProxyServiceStub(channel),
+        proxy_pb2_grpc.ProxyStatusServiceStub(channel),
+    )
     observe = server.controller.on_finish
 
     def record(rec: GenerationRecord) -> None:

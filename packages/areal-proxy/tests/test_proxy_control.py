@@ -11,7 +11,7 @@ import orjson
 import pytest
 from proxy_fakes import EOS, FakeEngineClient, error_detail, request, start, wait_for
 
-from areal_proto.proxy.v1 import proxy_pb2
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proxy.engine.base import EngineError
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -33,7 +33,7 @@ async def test_pause_resubmits_and_versions_switch(stream):
         call = h.chat_stream(body) if stream else h.chat(body)
         task = asyncio.create_task(call)
         await _pause_after(h, 5)
-        stats = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert stats.paused and stats.inflight_requests == 1
         await asyncio.sleep(0.1)
         assert not task.done()  # the client waits; nothing failed
@@ -111,7 +111,7 @@ async def test_update_weights_pauses_loads_bumps_and_continues():
         assert rec.versions == sorted(rec.versions)
         r = await h.stub.UpdateWeights(proxy_pb2.UpdateWeightsRequest(path="/ckpt/9", version=9))
         assert r.version == 9
-        stats = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert (stats.version, stats.paused) == (9, False)
     finally:
         await h.close()
@@ -125,7 +125,7 @@ async def test_update_weights_failure_keeps_version_and_continues():
             await h.stub.UpdateWeights(proxy_pb2.UpdateWeightsRequest(path="/bad", version=-1))
         d = error_detail(ei.value)
         assert d.http_status == 502 and "bad checkpoint" in d.message
-        stats = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert (stats.version, stats.paused) == (0, False)
         assert engine.resume_calls == 1
         with pytest.raises(grpc.aio.AioRpcError) as ei:
@@ -205,7 +205,7 @@ async def test_client_cancel_aborts_engine_request():
         await wait_for(lambda: engine.aborted)
         assert engine.aborted == [engine.requests[0].rid]
         await wait_for(lambda: h.server.servicer.active == 0)
-        stats = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert stats.inflight_requests == 0 and stats.inflight_tokens == 0
     finally:
         await h.close()
@@ -235,17 +235,17 @@ async def test_stats_report_load():
     try:
         task = asyncio.create_task(h.chat({"messages": MSG, "max_tokens": 30}))
         await wait_for(lambda: engine.tokens_sent >= 2)
-        s = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        s = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         prompt = len(engine.requests[0].input_ids)
         assert s.healthy and not s.draining and s.inflight_requests == 1
         assert s.inflight_tokens == prompt + 30  # non-stream: tokens arrive at the end
         assert (s.model, s.engine_url, s.total_requests) == ("tiny-parrot", "http://fake-engine", 1)
         await task
-        s = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        s = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert s.inflight_requests == 0 and s.inflight_tokens == 0
         engine.healthy = False
         await h.server._check_engine()
-        s = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        s = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert not s.healthy and "health" in s.detail
     finally:
         await h.close()
@@ -259,7 +259,7 @@ async def test_drain_finishes_inflight_and_refuses_new_work():
     stub, channel = h.stub, h.channel
     shutdown = asyncio.create_task(h.server.shutdown())
     await wait_for(lambda: h.server.state.draining)
-    s = await stub.GetStats(proxy_pb2.GetStatsRequest())
+    s = await h.status.GetStats(proxy_pb2.GetStatsRequest())
     assert s.draining
     with pytest.raises(grpc.aio.AioRpcError) as ei:
         await stub.ChatCompletion(request({"messages": MSG}))
@@ -278,7 +278,7 @@ async def test_internal_token_required(monkeypatch):
     h = await start(engine)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as ei:
-            await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+            await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await h.stub.Pause(
@@ -292,17 +292,23 @@ async def test_internal_token_required(monkeypatch):
         await h.close()
 
 
-async def test_health_service_and_unimplemented_rpcs():
+async def test_health_service_and_only_inference_services_served():
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     h = await start(FakeEngineClient([5, EOS]))
     try:
-        r = await health_pb2_grpc.HealthStub(h.channel).Check(
-            health_pb2.HealthCheckRequest(service="")
-        )
-        assert r.status == health_pb2.HealthCheckResponse.SERVING
+        health_stub = health_pb2_grpc.HealthStub(h.channel)
+        for name in (
+            "",
+            "areal.proxy.v1.InferenceProxyService",
+            "areal.proxy.v1.ProxyStatusService",
+        ):
+            r = await health_stub.Check(health_pb2.HealthCheckRequest(service=name))
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+        # The agent-mode service is not registered at all: gRPC itself says UNIMPLEMENTED.
+        agent = proxy_pb2_grpc.AgentProxyServiceStub(h.channel)
         with pytest.raises(grpc.aio.AioRpcError) as ei:
-            await h.stub.GetAgentHistory(proxy_pb2.GetAgentHistoryRequest(session_id="s"))
+            await agent.GetAgentHistory(proxy_pb2.GetAgentHistoryRequest(session_id="s"))
         assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await h.close()

@@ -228,11 +228,11 @@ async def test_stats_count_live_sessions():
     h = await start(FakeEngineClient([7, EOS]))
     try:
         creds = await _group(h, 4)
-        stats = await h.stub.GetStats(proxy_pb2.GetStatsRequest())
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
         assert stats.sessions == 4
         await h.stub.EndSessions(
             proxy_pb2.EndSessionsRequest(session_ids=[creds[0][0]], envelope=ADMIN)
         )
-        assert (await h.stub.GetStats(proxy_pb2.GetStatsRequest())).sessions == 3
+        assert (await h.status.GetStats(proxy_pb2.GetStatsRequest())).sessions == 3
     finally:
         await h.close()

@@ -38,8 +38,9 @@ FAST = RouterSettings(
 
 
 @dataclass
-class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
-    """A data proxy that only answers GetStats, with whatever the test sets."""
+class FakeProxy(proxy_pb2_grpc.ProxyStatusServiceServicer):
+    """A data proxy of either mode, as the router sees it: GetStats, with whatever the test
+    sets."""
 
     model: str
     stats: dict = field(default_factory=dict)
@@ -54,7 +55,7 @@ class FakeProxy(proxy_pb2_grpc.ProxyServiceServicer):
 
     async def start(self, port: int = 0) -> FakeProxy:
         self.server = grpc.aio.server()
-        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(self, self.server)
+        proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
         return self

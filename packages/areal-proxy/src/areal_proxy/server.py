@@ -30,7 +30,12 @@ from areal_runtime.ready import write_ready_file
 log = logging.getLogger("areal_proxy")
 
 _MAX_MESSAGE = 64 * 1024 * 1024
-_SERVICE_NAME = "areal.proxy.v1.ProxyService"
+# grpc.health names: "" (the whole server) and each service this mode serves.
+_SERVICE_NAMES = (
+    "",
+    "areal.proxy.v1.InferenceProxyService",
+    "areal.proxy.v1.ProxyStatusService",
+)
 
 
 def _bind_address(host: str, port: int) -> str:
@@ -119,7 +124,7 @@ class ProxyServer:
         await self._check_engine()
         self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
         self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
-        for name in ("", _SERVICE_NAME):
+        for name in _SERVICE_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "listening on %s:%d (metrics %d), engine %s %s, model %s",

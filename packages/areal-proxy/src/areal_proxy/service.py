@@ -1,6 +1,7 @@
-"""The gRPC ProxyService (inference mode): OpenAI chat/completions, whole and streamed, and
-generation control. Deadlines, cancellation, errors and metrics live here; what a request
-means lives in inference.py and generation.py."""
+"""The inference proxy's gRPC services: InferenceProxyService (OpenAI chat/completions, whole
+and streamed, RL sessions, generation control) and ProxyStatusService (GetStats). Deadlines,
+cancellation, errors and metrics live here; what a request means lives in inference.py and
+generation.py."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def _service_error(exc: BaseException) -> ServiceError:
     return ServiceError(500, f"internal proxy error: {type(exc).__name__}: {exc}", type="api_error")
 
 
-class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
+class ProxyServicer(
+    proxy_pb2_grpc.InferenceProxyServiceServicer, proxy_pb2_grpc.ProxyStatusServiceServicer
+):
     def __init__(
         self,
         *,
@@ -450,19 +453,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         )
 
 
-def _unimplemented(name: str) -> Callable[..., Awaitable[None]]:
-    async def handler(request: Any, context: Any) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, f"{name} is not available on this proxy (inference mode)"
-        )
-
-    return handler
-
-
 def add_to_server(servicer: ProxyServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer; RPCs this mode does not serve answer UNIMPLEMENTED (async)."""
-    base = proxy_pb2_grpc.ProxyServiceServicer
-    for name in dir(base):
-        if name[:1].isupper() and getattr(type(servicer), name) is getattr(base, name):
-            setattr(servicer, name, _unimplemented(name))
-    proxy_pb2_grpc.add_ProxyServiceServicer_to_server(servicer, server)
+    """Register what an inference proxy serves; agent-mode RPCs are not registered at all."""
+    proxy_pb2_grpc.add_InferenceProxyServiceServicer_to_server(servicer, server)
+    proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server(servicer, server)

@@ -40,12 +40,12 @@ def _channel_options(reconnect_ms: int) -> list[tuple[str, int]]:
 
 
 class ProxyClient:
-    """One proxy's gRPC channel."""
+    """One proxy's gRPC channel: its ProxyStatusService, which both proxy modes serve."""
 
     def __init__(self, address: str, *, reconnect_ms: int = 1000) -> None:
         self.address = address
         self._channel = grpc.aio.insecure_channel(address, options=_channel_options(reconnect_ms))
-        self._stub = proxy_pb2_grpc.ProxyServiceStub(self._channel)
+        self._stub = proxy_pb2_grpc.ProxyStatusServiceStub(self._channel)
 
     async def get_stats(self, deadline_s: float) -> ProxyStats:
         try:

@@ -1,4 +1,4 @@
-"""A data proxy's agent-mode RPCs (sessions, turns, rewards, export)."""
+"""An agent proxy's RPCs (AgentProxyService: sessions, turns, rewards, export)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class AgentProxyClient:
     def __init__(self, address: str, channel: grpc.aio.Channel, md: Sequence[tuple[str, str]]):
         self.address = address
         self._channel = channel
-        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
+        self._stub = proxy_pb2_grpc.AgentProxyServiceStub(channel)
         self._md = tuple(md)
 
     def _keyed(self, session_key: str) -> tuple[tuple[str, str], ...]:
@@ -79,7 +79,7 @@ class AgentProxyClient:
     async def set_reward(
         self, request: proxy_pb2.SetRewardRequest, timeout_s: float | None = 60.0
     ) -> proxy_pb2.SetRewardResponse:
-        return await self._unary(self._stub.SetReward, request, timeout_s, self._md)
+        return await self._unary(self._stub.SetAgentReward, request, timeout_s, self._md)
 
     async def turn(
         self, request: proxy_pb2.AgentTurnRequest, timeout_s: float | None
@@ -93,7 +93,7 @@ class AgentProxyClient:
         self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
     ) -> list[bytes]:
         """The exported rows as JSON-lines chunks."""
-        call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
+        call = self._stub.ExportAgentTrajectories(request, timeout=timeout_s, metadata=self._md)
         return [bytes(msg.jsonl) async for msg in read_messages(call, self.address, started=True)]
 
 

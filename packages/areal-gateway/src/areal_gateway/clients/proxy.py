@@ -1,5 +1,6 @@
-"""A data proxy's inference RPCs: generation over one multiplexed `Generate` stream
-(docs/services.md, "Multiplexed generation"), RL sessions, rewards, export and control."""
+"""An inference proxy's RPCs (InferenceProxyService): generation over one multiplexed
+`Generate` stream (docs/services.md, "Multiplexed generation"), RL sessions, rewards, export
+and control."""
 
 from __future__ import annotations
 
@@ -196,8 +197,10 @@ def _frame_size(frame: proxy_pb2.GenerateFrame) -> int:
 class ProxyClient:
     """The OpenAI calls of one data proxy, on one reused channel.
 
-    Generation goes over one `GenerateStream`, opened on first use and again after it ends;
-    a proxy without `Generate` gets one gRPC call per request instead.
+    Generation goes over one `GenerateStream`, opened on first use and again after it ends,
+    or with `streams=False` (--no-proxy-streams) as one gRPC call per request. Every inference
+    proxy serves `Generate` (proxy and gateway ship together), so there is no fallback for
+    one without it: its UNIMPLEMENTED is an error like any other.
     """
 
     def __init__(
@@ -210,16 +213,15 @@ class ProxyClient:
     ):
         self.address = address
         self._channel = channel
-        self._stub = proxy_pb2_grpc.ProxyServiceStub(channel)
+        self._stub = proxy_pb2_grpc.InferenceProxyServiceStub(channel)
         self._md = tuple(md)
         self._mux: GenerateStream | None = None
-        self._opening: asyncio.Future[GenerateStream | None] | None = None
-        # One call per request: asked for (--no-proxy-streams), or the proxy has no Generate.
-        self._legacy = not streams
+        self._opening: asyncio.Future[GenerateStream] | None = None
+        self._streams = streams
 
     # -- the multiplexed stream --
 
-    async def _open(self) -> GenerateStream | None:
+    async def _open(self) -> GenerateStream:
         call = self._stub.Generate(metadata=self._md)
         try:
             # The proxy answers with its initial metadata as soon as the stream is open.
@@ -229,9 +231,6 @@ class ProxyClient:
             raise
         if call.done():
             code = await call.code()
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                self._legacy = True
-                return None
             if code == grpc.StatusCode.OK:
                 raise ProxyUnreachable(self.address, "it is closing its streams")
             exc = grpc.aio.AioRpcError(
@@ -246,7 +245,7 @@ class ProxyClient:
 
     async def _stream(self, deadline: float) -> GenerateStream | None:
         """The open stream (opened now if need be), or None: one call per request."""
-        if self._legacy:
+        if not self._streams:
             return None
         stream = self._mux
         if stream is not None and stream.alive:
@@ -317,7 +316,7 @@ class ProxyClient:
             if not done:
                 stream.cancel(rid)
 
-    # -- one gRPC call per request (a proxy without Generate) --
+    # -- one gRPC call per request (--no-proxy-streams) --
 
     async def _unary(
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None

@@ -10,10 +10,9 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from areal_proto.proxy.v1 import proxy_pb2_grpc
 from areal_proxy import __version__
 from areal_proxy.agent.inference_link import InferenceLink
-from areal_proxy.agent.service import AgentModeServicer
+from areal_proxy.agent.service import AgentModeServicer, add_to_server
 from areal_proxy.agent.sessions import AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
 from areal_proxy.metrics import ProxyMetrics
@@ -22,6 +21,9 @@ from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_proxy.agent")
+
+# grpc.health names: "" (the whole server) and each service this mode serves.
+_SERVICE_NAMES = ("", "areal.proxy.v1.AgentProxyService", "areal.proxy.v1.ProxyStatusService")
 
 
 class AgentProxyServer:
@@ -43,7 +45,7 @@ class AgentProxyServer:
         self.metrics = ProxyMetrics()
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(interceptors=server_interceptors())
-        proxy_pb2_grpc.add_ProxyServiceServicer_to_server(self.servicer, self.server)
+        add_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
         self.metrics_port = -1
@@ -56,7 +58,8 @@ class AgentProxyServer:
         self.metrics_port = self.metrics.start(s.host, s.metrics_port)
         self.servicer.worker_healthy = await self.worker.healthy()
         self._watch = asyncio.get_running_loop().create_task(self.servicer.watch())
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        for name in _SERVICE_NAMES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("agent proxy on %s:%d in front of worker %s", s.host, self.port, s.worker_addr)
         return self.port
 

@@ -1,4 +1,5 @@
-"""ProxyService in agent mode: sessions and ordered turns in front of one agent worker."""
+"""The agent proxy's gRPC services: AgentProxyService (sessions and ordered turns in front of
+one agent worker) and ProxyStatusService (GetStats)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ from areal_runtime.session_keys import new_id
 
 log = logging.getLogger("areal_proxy.agent")
 
-_NOT_HERE = ServiceError(409, "this data proxy runs in agent mode", code="wrong_mode")
-
 # The session key a non-admin caller presented, on calls without an envelope (close,
 # history); absent = the gateway acts for the admin. The internal token authenticates the
 # gateway itself.
@@ -37,7 +36,9 @@ def _caller(context: grpc.aio.ServicerContext) -> tuple[str, bool]:
     return "", True
 
 
-class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
+class AgentModeServicer(
+    proxy_pb2_grpc.AgentProxyServiceServicer, proxy_pb2_grpc.ProxyStatusServiceServicer
+):
     def __init__(
         self,
         worker: WorkerClient,
@@ -199,7 +200,7 @@ class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
             )
         return s, self.link
 
-    async def SetReward(
+    async def SetAgentReward(
         self, request: proxy_pb2.SetRewardRequest, context: grpc.aio.ServicerContext
     ) -> proxy_pb2.SetRewardResponse:
         try:
@@ -212,7 +213,7 @@ class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
             interaction_id=out.get("interaction_id", ""), reward=request.reward
         )
 
-    async def ExportTrajectories(
+    async def ExportAgentTrajectories(
         self, request: proxy_pb2.ExportTrajectoriesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[proxy_pb2.ExportChunk]:
         for sid in request.session_ids:
@@ -249,10 +250,8 @@ class AgentModeServicer(proxy_pb2_grpc.ProxyServiceServicer):
             else f"agent worker at {self.worker.address} not serving",
         )
 
-    # -- inference RPCs do not exist in agent mode ----------------------------
 
-    async def ChatCompletion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await abort(context, _NOT_HERE)
-
-    async def Completion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await abort(context, _NOT_HERE)
+def add_to_server(servicer: AgentModeServicer, server: grpc.aio.Server) -> None:
+    """Register what an agent proxy serves; inference RPCs are not registered at all."""
+    proxy_pb2_grpc.add_AgentProxyServiceServicer_to_server(servicer, server)
+    proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server(servicer, server)

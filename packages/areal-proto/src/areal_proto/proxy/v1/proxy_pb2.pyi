@@ -3,6 +3,14 @@
 isort:skip_file
 The data proxy: one per engine replica (inference mode) or per agent
 worker (agent mode). It owns sessions and everything recorded on them.
+
+One binary (`areal-proxy --mode inference|agent`), three services. Each
+mode registers only what it serves, so the contract says what a caller may
+call: an inference proxy serves InferenceProxyService, an agent proxy
+AgentProxyService, and both serve ProxyStatusService (plus grpc.health.v1).
+A call to the other mode's service is answered UNIMPLEMENTED by gRPC itself.
+No method name is in both mode services (tested in areal-proto), so a
+method name alone says which mode a call is for.
 """
 
 from areal_proto.common.v1 import envelope_pb2 as _envelope_pb2

@@ -26,8 +26,10 @@ if _version_not_supported:
     )
 
 
-class ProxyServiceStub:
-    """Missing associated documentation comment in .proto file."""
+class InferenceProxyServiceStub:
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -36,103 +38,81 @@ class ProxyServiceStub:
             channel: A grpc.Channel.
         """
         self.ChatCompletion = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/ChatCompletion',
+                '/areal.proxy.v1.InferenceProxyService/ChatCompletion',
                 request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
                 response_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIResponse.FromString,
                 _registered_method=True)
         self.ChatCompletionStream = channel.unary_stream(
-                '/areal.proxy.v1.ProxyService/ChatCompletionStream',
+                '/areal.proxy.v1.InferenceProxyService/ChatCompletionStream',
                 request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
                 response_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
                 _registered_method=True)
         self.Completion = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/Completion',
+                '/areal.proxy.v1.InferenceProxyService/Completion',
                 request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
                 response_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIResponse.FromString,
                 _registered_method=True)
         self.CompletionStream = channel.unary_stream(
-                '/areal.proxy.v1.ProxyService/CompletionStream',
+                '/areal.proxy.v1.InferenceProxyService/CompletionStream',
                 request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
                 response_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
                 _registered_method=True)
         self.Generate = channel.stream_stream(
-                '/areal.proxy.v1.ProxyService/Generate',
+                '/areal.proxy.v1.InferenceProxyService/Generate',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
                 _registered_method=True)
         self.StartSessions = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/StartSessions',
+                '/areal.proxy.v1.InferenceProxyService/StartSessions',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsResponse.FromString,
                 _registered_method=True)
         self.EndSessions = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/EndSessions',
+                '/areal.proxy.v1.InferenceProxyService/EndSessions',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.EndSessionsRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.EndSessionsResponse.FromString,
                 _registered_method=True)
         self.SetReward = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/SetReward',
+                '/areal.proxy.v1.InferenceProxyService/SetReward',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
                 _registered_method=True)
         self.ExportTrajectories = channel.unary_stream(
-                '/areal.proxy.v1.ProxyService/ExportTrajectories',
+                '/areal.proxy.v1.InferenceProxyService/ExportTrajectories',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
                 _registered_method=True)
         self.Pause = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/Pause',
+                '/areal.proxy.v1.InferenceProxyService/Pause',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.PauseRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
                 _registered_method=True)
         self.Continue = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/Continue',
+                '/areal.proxy.v1.InferenceProxyService/Continue',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
                 _registered_method=True)
         self.SetVersion = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/SetVersion',
+                '/areal.proxy.v1.InferenceProxyService/SetVersion',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetVersionRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
                 _registered_method=True)
         self.UpdateWeights = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/UpdateWeights',
+                '/areal.proxy.v1.InferenceProxyService/UpdateWeights',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
                 _registered_method=True)
-        self.GetStats = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/GetStats',
-                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
-                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
-                _registered_method=True)
-        self.CreateAgentSession = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/CreateAgentSession',
-                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.SerializeToString,
-                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.FromString,
-                _registered_method=True)
-        self.AgentTurn = channel.unary_stream(
-                '/areal.proxy.v1.ProxyService/AgentTurn',
-                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.SerializeToString,
-                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentEventMessage.FromString,
-                _registered_method=True)
-        self.CloseAgentSession = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/CloseAgentSession',
-                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionRequest.SerializeToString,
-                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionResponse.FromString,
-                _registered_method=True)
-        self.GetAgentHistory = channel.unary_unary(
-                '/areal.proxy.v1.ProxyService/GetAgentHistory',
-                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryRequest.SerializeToString,
-                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryResponse.FromString,
-                _registered_method=True)
 
 
-class ProxyServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+class InferenceProxyServiceServicer:
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
 
     def ChatCompletion(self, request, context):
-        """Inference: OpenAI chat / completions, whole or as a server stream of
-        OpenAI chunk JSON. Errors are gRPC statuses with an ErrorDetail.
+        """OpenAI chat / completions, whole or as a server stream of OpenAI chunk
+        JSON: one gRPC call per request (the gateway's --no-proxy-streams).
+        Errors are gRPC statuses with an ErrorDetail.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,6 +144,8 @@ class ProxyServiceServicer:
         chunks instead of a gRPC call each (docs/services.md, "Multiplexed
         generation"). The proxy sends its initial metadata as soon as the stream
         is open, so a caller knows the stream reached it before sending work.
+        Every inference proxy serves it: gateway and proxy ship together, so the
+        gateway has no fallback for a proxy without it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,40 +201,8 @@ class ProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GetStats(self, request, context):
-        """Health and load, polled by the router.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
 
-    def CreateAgentSession(self, request, context):
-        """Agent mode: one turn of a session as a stream of agent events.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def AgentTurn(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CloseAgentSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def GetAgentHistory(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_ProxyServiceServicer_to_server(servicer, server):
+def add_InferenceProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ChatCompletion': grpc.unary_unary_rpc_method_handler(
                     servicer.ChatCompletion,
@@ -319,41 +269,18 @@ def add_ProxyServiceServicer_to_server(servicer, server):
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.SerializeToString,
             ),
-            'GetStats': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetStats,
-                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.FromString,
-                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.SerializeToString,
-            ),
-            'CreateAgentSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.CreateAgentSession,
-                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.FromString,
-                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.SerializeToString,
-            ),
-            'AgentTurn': grpc.unary_stream_rpc_method_handler(
-                    servicer.AgentTurn,
-                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.FromString,
-                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentEventMessage.SerializeToString,
-            ),
-            'CloseAgentSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.CloseAgentSession,
-                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionRequest.FromString,
-                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionResponse.SerializeToString,
-            ),
-            'GetAgentHistory': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetAgentHistory,
-                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryRequest.FromString,
-                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryResponse.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'areal.proxy.v1.ProxyService', rpc_method_handlers)
+            'areal.proxy.v1.InferenceProxyService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('areal.proxy.v1.ProxyService', rpc_method_handlers)
+    server.add_registered_method_handlers('areal.proxy.v1.InferenceProxyService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class ProxyService:
-    """Missing associated documentation comment in .proto file."""
+class InferenceProxyService:
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
 
     @staticmethod
     def ChatCompletion(request,
@@ -369,7 +296,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/ChatCompletion',
+            '/areal.proxy.v1.InferenceProxyService/ChatCompletion',
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIResponse.FromString,
             options,
@@ -396,7 +323,7 @@ class ProxyService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/ChatCompletionStream',
+            '/areal.proxy.v1.InferenceProxyService/ChatCompletionStream',
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
             areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
             options,
@@ -423,7 +350,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/Completion',
+            '/areal.proxy.v1.InferenceProxyService/Completion',
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIResponse.FromString,
             options,
@@ -450,7 +377,7 @@ class ProxyService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/CompletionStream',
+            '/areal.proxy.v1.InferenceProxyService/CompletionStream',
             areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
             areal_dot_common_dot_v1_dot_envelope__pb2.StreamChunk.FromString,
             options,
@@ -477,7 +404,7 @@ class ProxyService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/areal.proxy.v1.ProxyService/Generate',
+            '/areal.proxy.v1.InferenceProxyService/Generate',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
             options,
@@ -504,7 +431,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/StartSessions',
+            '/areal.proxy.v1.InferenceProxyService/StartSessions',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsResponse.FromString,
             options,
@@ -531,7 +458,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/EndSessions',
+            '/areal.proxy.v1.InferenceProxyService/EndSessions',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.EndSessionsRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.EndSessionsResponse.FromString,
             options,
@@ -558,7 +485,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/SetReward',
+            '/areal.proxy.v1.InferenceProxyService/SetReward',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
             options,
@@ -585,7 +512,7 @@ class ProxyService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/ExportTrajectories',
+            '/areal.proxy.v1.InferenceProxyService/ExportTrajectories',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
             options,
@@ -612,7 +539,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/Pause',
+            '/areal.proxy.v1.InferenceProxyService/Pause',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.PauseRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
             options,
@@ -639,7 +566,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/Continue',
+            '/areal.proxy.v1.InferenceProxyService/Continue',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
             options,
@@ -666,7 +593,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/SetVersion',
+            '/areal.proxy.v1.InferenceProxyService/SetVersion',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.SetVersionRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
             options,
@@ -693,7 +620,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/UpdateWeights',
+            '/areal.proxy.v1.InferenceProxyService/UpdateWeights',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
             options,
@@ -706,32 +633,140 @@ class ProxyService:
             metadata,
             _registered_method=True)
 
-    @staticmethod
-    def GetStats(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/areal.proxy.v1.ProxyService/GetStats',
-            areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
-            areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
+
+class AgentProxyServiceStub:
+    """Agent mode: sessions and ordered turns in front of one agent worker.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateAgentSession = channel.unary_unary(
+                '/areal.proxy.v1.AgentProxyService/CreateAgentSession',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.FromString,
+                _registered_method=True)
+        self.AgentTurn = channel.unary_stream(
+                '/areal.proxy.v1.AgentProxyService/AgentTurn',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentEventMessage.FromString,
+                _registered_method=True)
+        self.CloseAgentSession = channel.unary_unary(
+                '/areal.proxy.v1.AgentProxyService/CloseAgentSession',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionResponse.FromString,
+                _registered_method=True)
+        self.GetAgentHistory = channel.unary_unary(
+                '/areal.proxy.v1.AgentProxyService/GetAgentHistory',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryResponse.FromString,
+                _registered_method=True)
+        self.SetAgentReward = channel.unary_unary(
+                '/areal.proxy.v1.AgentProxyService/SetAgentReward',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
+                _registered_method=True)
+        self.ExportAgentTrajectories = channel.unary_stream(
+                '/areal.proxy.v1.AgentProxyService/ExportAgentTrajectories',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
+                _registered_method=True)
+
+
+class AgentProxyServiceServicer:
+    """Agent mode: sessions and ordered turns in front of one agent worker.
+    """
+
+    def CreateAgentSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AgentTurn(self, request, context):
+        """One turn of a session as a stream of agent events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseAgentSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgentHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetAgentReward(self, request, context):
+        """Reward and export of an agent session, for an agent service linked to an
+        inference service: session_id(s) name agent sessions, and the proxy acts
+        on the RL session it holds for each through the inference service's RL
+        API (exported rows gain "agent_session_id"). The messages are those of
+        InferenceProxyService's SetReward / ExportTrajectories; the methods are
+        named apart because they act on different sessions in a different way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportAgentTrajectories(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AgentProxyServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAgentSession,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.SerializeToString,
+            ),
+            'AgentTurn': grpc.unary_stream_rpc_method_handler(
+                    servicer.AgentTurn,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentEventMessage.SerializeToString,
+            ),
+            'CloseAgentSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseAgentSession,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionResponse.SerializeToString,
+            ),
+            'GetAgentHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentHistory,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryResponse.SerializeToString,
+            ),
+            'SetAgentReward': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAgentReward,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.SerializeToString,
+            ),
+            'ExportAgentTrajectories': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportAgentTrajectories,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'areal.proxy.v1.AgentProxyService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('areal.proxy.v1.AgentProxyService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class AgentProxyService:
+    """Agent mode: sessions and ordered turns in front of one agent worker.
+    """
 
     @staticmethod
     def CreateAgentSession(request,
@@ -747,7 +782,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/CreateAgentSession',
+            '/areal.proxy.v1.AgentProxyService/CreateAgentSession',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.CreateAgentSessionResponse.FromString,
             options,
@@ -774,7 +809,7 @@ class ProxyService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/AgentTurn',
+            '/areal.proxy.v1.AgentProxyService/AgentTurn',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentTurnRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.AgentEventMessage.FromString,
             options,
@@ -801,7 +836,7 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/CloseAgentSession',
+            '/areal.proxy.v1.AgentProxyService/CloseAgentSession',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.CloseAgentSessionResponse.FromString,
             options,
@@ -828,9 +863,156 @@ class ProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/areal.proxy.v1.ProxyService/GetAgentHistory',
+            '/areal.proxy.v1.AgentProxyService/GetAgentHistory',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GetAgentHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAgentReward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.AgentProxyService/SetAgentReward',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportAgentTrajectories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/areal.proxy.v1.AgentProxyService/ExportAgentTrajectories',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ProxyStatusServiceStub:
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetStats = channel.unary_unary(
+                '/areal.proxy.v1.ProxyStatusService/GetStats',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
+                _registered_method=True)
+
+
+class ProxyStatusServiceServicer:
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    def GetStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ProxyStatusServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'areal.proxy.v1.ProxyStatusService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('areal.proxy.v1.ProxyStatusService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ProxyStatusService:
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.ProxyStatusService/GetStats',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.GetStatsRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.ProxyStats.FromString,
             options,
             channel_credentials,
             insecure,

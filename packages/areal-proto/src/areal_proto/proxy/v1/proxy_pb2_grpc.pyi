@@ -3,6 +3,14 @@
 isort:skip_file
 The data proxy: one per engine replica (inference mode) or per agent
 worker (agent mode). It owns sessions and everything recorded on them.
+
+One binary (`areal-proxy --mode inference|agent`), three services. Each
+mode registers only what it serves, so the contract says what a caller may
+call: an inference proxy serves InferenceProxyService, an agent proxy
+AgentProxyService, and both serve ProxyStatusService (plus grpc.health.v1).
+A call to the other mode's service is answered UNIMPLEMENTED by gRPC itself.
+No method name is in both mode services (tested in areal-proto), so a
+method name alone says which mode a call is for.
 """
 
 from areal_proto.common.v1 import envelope_pb2 as _envelope_pb2
@@ -29,14 +37,19 @@ class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ig
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
-class ProxyServiceStub:
+class InferenceProxyServiceStub:
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> ProxyServiceAsyncStub: ...
+    def __new__(cls, channel: _aio.Channel) -> InferenceProxyServiceAsyncStub: ...
     ChatCompletion: _grpc.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]
-    """Inference: OpenAI chat / completions, whole or as a server stream of
-    OpenAI chunk JSON. Errors are gRPC statuses with an ErrorDetail.
+    """OpenAI chat / completions, whole or as a server stream of OpenAI chunk
+    JSON: one gRPC call per request (the gateway's --no-proxy-streams).
+    Errors are gRPC statuses with an ErrorDetail.
     """
     ChatCompletionStream: _grpc.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]
     Completion: _grpc.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]
@@ -49,6 +62,8 @@ class ProxyServiceStub:
     chunks instead of a gRPC call each (docs/services.md, "Multiplexed
     generation"). The proxy sends its initial metadata as soon as the stream
     is open, so a caller knows the stream reached it before sending work.
+    Every inference proxy serves it: gateway and proxy ship together, so the
+    gateway has no fallback for a proxy without it.
     """
     StartSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]
     """RL sessions, rewards and trajectories."""
@@ -60,20 +75,18 @@ class ProxyServiceStub:
     Continue: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]
     SetVersion: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SetVersionRequest, _proxy_pb2.ControlResponse]
     UpdateWeights: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]
-    GetStats: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]
-    """Health and load, polled by the router."""
-    CreateAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]
-    """Agent mode: one turn of a session as a stream of agent events."""
-    AgentTurn: _grpc.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]
-    CloseAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]
-    GetAgentHistory: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]
 
 @_typing.type_check_only
-class ProxyServiceAsyncStub(ProxyServiceStub):
+class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     ChatCompletion: _aio.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]  # type: ignore[assignment]
-    """Inference: OpenAI chat / completions, whole or as a server stream of
-    OpenAI chunk JSON. Errors are gRPC statuses with an ErrorDetail.
+    """OpenAI chat / completions, whole or as a server stream of OpenAI chunk
+    JSON: one gRPC call per request (the gateway's --no-proxy-streams).
+    Errors are gRPC statuses with an ErrorDetail.
     """
     ChatCompletionStream: _aio.UnaryStreamMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.StreamChunk]  # type: ignore[assignment]
     Completion: _aio.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _envelope_pb2.OpenAIResponse]  # type: ignore[assignment]
@@ -86,6 +99,8 @@ class ProxyServiceAsyncStub(ProxyServiceStub):
     chunks instead of a gRPC call each (docs/services.md, "Multiplexed
     generation"). The proxy sends its initial metadata as soon as the stream
     is open, so a caller knows the stream reached it before sending work.
+    Every inference proxy serves it: gateway and proxy ship together, so the
+    gateway has no fallback for a proxy without it.
     """
     StartSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]  # type: ignore[assignment]
     """RL sessions, rewards and trajectories."""
@@ -97,23 +112,21 @@ class ProxyServiceAsyncStub(ProxyServiceStub):
     Continue: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     SetVersion: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SetVersionRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     UpdateWeights: _aio.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
-    GetStats: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]  # type: ignore[assignment]
-    """Health and load, polled by the router."""
-    CreateAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]  # type: ignore[assignment]
-    """Agent mode: one turn of a session as a stream of agent events."""
-    AgentTurn: _aio.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]  # type: ignore[assignment]
-    CloseAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]  # type: ignore[assignment]
-    GetAgentHistory: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]  # type: ignore[assignment]
 
-class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
+class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Inference mode: generation in front of one engine replica, RL sessions
+    recorded at the token level, and the trainer's control of generation.
+    """
+
     @_abc_1.abstractmethod
     def ChatCompletion(
         self,
         request: _envelope_pb2.OpenAIRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_envelope_pb2.OpenAIResponse, _abc.Awaitable[_envelope_pb2.OpenAIResponse]]:
-        """Inference: OpenAI chat / completions, whole or as a server stream of
-        OpenAI chunk JSON. Errors are gRPC statuses with an ErrorDetail.
+        """OpenAI chat / completions, whole or as a server stream of OpenAI chunk
+        JSON: one gRPC call per request (the gateway's --no-proxy-streams).
+        Errors are gRPC statuses with an ErrorDetail.
         """
 
     @_abc_1.abstractmethod
@@ -150,6 +163,8 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         chunks instead of a gRPC call each (docs/services.md, "Multiplexed
         generation"). The proxy sends its initial metadata as soon as the stream
         is open, so a caller knows the stream reached it before sending work.
+        Every inference proxy serves it: gateway and proxy ship together, so the
+        gateway has no fallback for a proxy without it.
         """
 
     @_abc_1.abstractmethod
@@ -210,28 +225,67 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_proxy_pb2.ControlResponse, _abc.Awaitable[_proxy_pb2.ControlResponse]]: ...
 
-    @_abc_1.abstractmethod
-    def GetStats(
-        self,
-        request: _proxy_pb2.GetStatsRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_proxy_pb2.ProxyStats, _abc.Awaitable[_proxy_pb2.ProxyStats]]:
-        """Health and load, polled by the router."""
+def add_InferenceProxyServiceServicer_to_server(servicer: InferenceProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class AgentProxyServiceStub:
+    """Agent mode: sessions and ordered turns in front of one agent worker."""
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AgentProxyServiceAsyncStub: ...
+    CreateAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]
+    AgentTurn: _grpc.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]
+    """One turn of a session as a stream of agent events."""
+    CloseAgentSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]
+    GetAgentHistory: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]
+    SetAgentReward: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]
+    """Reward and export of an agent session, for an agent service linked to an
+    inference service: session_id(s) name agent sessions, and the proxy acts
+    on the RL session it holds for each through the inference service's RL
+    API (exported rows gain "agent_session_id"). The messages are those of
+    InferenceProxyService's SetReward / ExportTrajectories; the methods are
+    named apart because they act on different sessions in a different way.
+    """
+    ExportAgentTrajectories: _grpc.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]
+
+@_typing.type_check_only
+class AgentProxyServiceAsyncStub(AgentProxyServiceStub):
+    """Agent mode: sessions and ordered turns in front of one agent worker."""
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    CreateAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CreateAgentSessionRequest, _proxy_pb2.CreateAgentSessionResponse]  # type: ignore[assignment]
+    AgentTurn: _aio.UnaryStreamMultiCallable[_proxy_pb2.AgentTurnRequest, _proxy_pb2.AgentEventMessage]  # type: ignore[assignment]
+    """One turn of a session as a stream of agent events."""
+    CloseAgentSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.CloseAgentSessionRequest, _proxy_pb2.CloseAgentSessionResponse]  # type: ignore[assignment]
+    GetAgentHistory: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetAgentHistoryRequest, _proxy_pb2.GetAgentHistoryResponse]  # type: ignore[assignment]
+    SetAgentReward: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]  # type: ignore[assignment]
+    """Reward and export of an agent session, for an agent service linked to an
+    inference service: session_id(s) name agent sessions, and the proxy acts
+    on the RL session it holds for each through the inference service's RL
+    API (exported rows gain "agent_session_id"). The messages are those of
+    InferenceProxyService's SetReward / ExportTrajectories; the methods are
+    named apart because they act on different sessions in a different way.
+    """
+    ExportAgentTrajectories: _aio.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]  # type: ignore[assignment]
+
+class AgentProxyServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Agent mode: sessions and ordered turns in front of one agent worker."""
 
     @_abc_1.abstractmethod
     def CreateAgentSession(
         self,
         request: _proxy_pb2.CreateAgentSessionRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_proxy_pb2.CreateAgentSessionResponse, _abc.Awaitable[_proxy_pb2.CreateAgentSessionResponse]]:
-        """Agent mode: one turn of a session as a stream of agent events."""
+    ) -> _typing.Union[_proxy_pb2.CreateAgentSessionResponse, _abc.Awaitable[_proxy_pb2.CreateAgentSessionResponse]]: ...
 
     @_abc_1.abstractmethod
     def AgentTurn(
         self,
         request: _proxy_pb2.AgentTurnRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.AgentEventMessage], _abc.AsyncIterator[_proxy_pb2.AgentEventMessage]]: ...
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.AgentEventMessage], _abc.AsyncIterator[_proxy_pb2.AgentEventMessage]]:
+        """One turn of a session as a stream of agent events."""
 
     @_abc_1.abstractmethod
     def CloseAgentSession(
@@ -247,4 +301,74 @@ class ProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_proxy_pb2.GetAgentHistoryResponse, _abc.Awaitable[_proxy_pb2.GetAgentHistoryResponse]]: ...
 
-def add_ProxyServiceServicer_to_server(servicer: ProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+    @_abc_1.abstractmethod
+    def SetAgentReward(
+        self,
+        request: _proxy_pb2.SetRewardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.SetRewardResponse, _abc.Awaitable[_proxy_pb2.SetRewardResponse]]:
+        """Reward and export of an agent session, for an agent service linked to an
+        inference service: session_id(s) name agent sessions, and the proxy acts
+        on the RL session it holds for each through the inference service's RL
+        API (exported rows gain "agent_session_id"). The messages are those of
+        InferenceProxyService's SetReward / ExportTrajectories; the methods are
+        named apart because they act on different sessions in a different way.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportAgentTrajectories(
+        self,
+        request: _proxy_pb2.ExportTrajectoriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.ExportChunk], _abc.AsyncIterator[_proxy_pb2.ExportChunk]]: ...
+
+def add_AgentProxyServiceServicer_to_server(servicer: AgentProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ProxyStatusServiceStub:
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ProxyStatusServiceAsyncStub: ...
+    GetStats: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]
+
+@_typing.type_check_only
+class ProxyStatusServiceAsyncStub(ProxyStatusServiceStub):
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    GetStats: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetStatsRequest, _proxy_pb2.ProxyStats]  # type: ignore[assignment]
+
+class ProxyStatusServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Both modes: health and load, polled by the router every --health-interval.
+    The router registers proxies of either mode and polls them the same way, so
+    this is its own service rather than a method of each mode's service: the
+    router's poller uses one stub whatever the mode, and neither mode's service
+    carries a method of the other's. Inference: engine health, in-flight
+    generations, live RL sessions. Agent: worker health, running turns, open
+    agent sessions.
+    """
+
+    @_abc_1.abstractmethod
+    def GetStats(
+        self,
+        request: _proxy_pb2.GetStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.ProxyStats, _abc.Awaitable[_proxy_pb2.ProxyStats]]: ...
+
+def add_ProxyStatusServiceServicer_to_server(servicer: ProxyStatusServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
