@@ -1,0 +1,173 @@
+"""InferenceLink (agent mode's link to an inference service) against a fake inference gateway
+over real HTTP: what it sends with which key, what it returns, and how failures become
+ServiceErrors the agent servicer can abort with."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from areal_proxy.agent.inference_link import InferenceLink
+from areal_runtime.errors import ServiceError
+
+ADMIN = "inf-admin-key"
+KEY = "areal-sk-sess-abc.secret"
+ROW = {
+    "session_id": "sess-abc",
+    "group_id": "group-1",
+    "task_id": "agent-1",
+    "interaction_id": "chatcmpl-1",
+    "reward": 1.0,
+    "finish_reason": "stop",
+    "input_ids": [1, 2, 3],
+    "loss_mask": [0, 1, 1],
+    "logprobs": [0.0, -0.1, -0.2],
+    "versions": [-1, 0, 0],
+    "interaction_ids": ["chatcmpl-1"],
+    "future_field": {"kept": True},
+}
+
+
+class FakeInferenceGateway:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, Any]]] = []  # (path, bearer, body)
+        self.fail: tuple[int, dict[str, Any] | str] | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read() or b"{}")
+        bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        self.seen.append((request.path, bearer, body))
+        if self.fail is not None:
+            status, doc = self.fail
+            if isinstance(doc, str):
+                return web.Response(status=status, text=doc)
+            return web.json_response(doc, status=status)
+        answers: dict[str, tuple[int, Any]] = {
+            "/rl/start_session": (
+                201,
+                {
+                    "group_id": "group-1",
+                    "task_id": body.get("task_id", ""),
+                    "model": body.get("model", "tiny"),
+                    "sessions": [{"session_id": "sess-abc", "session_api_key": KEY}],
+                },
+            ),
+            "/rl/set_reward": (
+                200,
+                {
+                    "session_id": "sess-abc",
+                    "interaction_id": "chatcmpl-1",
+                    "reward": body.get("reward"),
+                },
+            ),
+            "/rl/export_trajectories": (200, {"count": 1, "rows": [ROW]}),
+            "/rl/end_session": (200, {"ended": 1}),
+        }
+        status, doc = answers[request.path]
+        return web.json_response(doc, status=status)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self.handle)
+        return app
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[FakeInferenceGateway, InferenceLink]]:
+    fake = FakeInferenceGateway()
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    link = InferenceLink(f"http://127.0.0.1:{port}/", ADMIN, model="tiny")
+    try:
+        yield fake, link
+    finally:
+        await link.close()
+        await runner.cleanup()
+
+
+async def test_session_reward_export_end_use_the_right_keys(served) -> None:
+    fake, link = served
+    assert link.base_url.endswith("/v1") and not link.gateway_url.endswith("/")
+    assert await link.start_session("agent-1") == ("sess-abc", KEY)
+    out = await link.set_reward(KEY, 0.5, "chatcmpl-1")
+    assert out == {"session_id": "sess-abc", "interaction_id": "chatcmpl-1", "reward": 0.5}
+    rows = await link.export("sess-abc", "concat", 0.9, True)
+    assert rows == [ROW]  # as the gateway sent it, unknown fields too
+    await link.end_session(KEY)
+    assert fake.seen == [
+        ("/rl/start_session", ADMIN, {"task_id": "agent-1", "group_size": 1, "model": "tiny"}),
+        ("/rl/set_reward", KEY, {"reward": 0.5, "interaction_id": "chatcmpl-1"}),
+        (
+            "/rl/export_trajectories",
+            ADMIN,
+            {
+                "session_ids": ["sess-abc"],
+                "style": "concat",
+                "discount": 0.9,
+                "remove_session": True,
+            },
+        ),
+        ("/rl/end_session", KEY, {}),
+    ]
+
+
+async def test_gateway_errors_keep_their_code_and_a_5xx_is_502(served) -> None:
+    fake, link = served
+    fake.fail = (
+        404,
+        {
+            "error": {
+                "message": "no session 'x'",
+                "type": "not_found_error",
+                "code": "session_not_found",
+            }
+        },
+    )
+    with pytest.raises(ServiceError) as info:
+        await link.set_reward(KEY, 1.0)
+    e = info.value
+    assert (e.http_status, e.code) == (404, "session_not_found")
+    assert e.message == "inference service: no session 'x'"
+    fake.fail = (500, "Internal Server Error")
+    with pytest.raises(ServiceError) as info:
+        await link.export("sess-abc", "individual", 1.0, False)
+    assert (info.value.http_status, info.value.code) == (502, "inference_error")
+    assert "Internal Server Error" in info.value.message
+
+
+async def test_an_answer_of_the_wrong_shape_is_502(served) -> None:
+    fake, link = served
+    fake.fail = (201, {"group_id": "g"})  # no sessions
+    with pytest.raises(ServiceError) as info:
+        await link.start_session("agent-1")
+    assert info.value.http_status == 502 and "sessions" in info.value.message
+
+
+async def test_a_bad_reward_is_refused_without_a_call(served) -> None:
+    fake, link = served
+    with pytest.raises(ServiceError) as info:
+        await link.set_reward(KEY, math.nan)
+    assert info.value.http_status == 400 and fake.seen == []
+
+
+async def test_an_unreachable_inference_service_is_503() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    link = InferenceLink(f"http://127.0.0.1:{port}", ADMIN)
+    try:
+        with pytest.raises(ServiceError) as info:
+            await link.start_session("agent-1")
+    finally:
+        await link.close()
+    assert (info.value.http_status, info.value.code) == (503, "inference_unavailable")
+    assert f"127.0.0.1:{port} unreachable" in info.value.message
