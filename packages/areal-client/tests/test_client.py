@@ -212,6 +212,8 @@ def test_bad_export_arguments_are_refused(areal, gw, kwargs, match) -> None:
         (row(0, loss_mask=[0, 1]), "differ in length"),
         ({k: v for k, v in row(0).items() if k != "input_ids"}, "missing field 'input_ids'"),
         (row(0, reward="high"), "'reward' should be int or float"),
+        (row(0, reward=True), "'reward' should be int or float"),
+        (row(0, input_ids="1,2,3"), "'input_ids' should be list"),
         (row(0, session_id=7), "'session_id' should be str"),
         ([1, 2], "expected a JSON object"),
     ],
@@ -490,6 +492,9 @@ def test_health_needs_no_key(areal, gw) -> None:
     gw.on("GET", "/health", {"status": "ok"})
     assert areal.health() == {"status": "ok"}
     assert "Authorization" not in gw.last.headers
+    gw.on("GET", "/health", ["ok"])
+    with pytest.raises(InvalidResponseError, match="/health"):
+        areal.health()
 
 
 # -- the OpenAI SDK helper ----------------------------------------------------------------
@@ -506,3 +511,23 @@ def test_session_openai_is_bound_to_the_session(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "openai", None)  # as if the extra were not installed
     with pytest.raises(ImportError, match=r"areal-client\[openai\]"):
         s.openai()
+
+
+def test_a_worker_listing_of_the_wrong_shape_is_an_invalid_response(areal, gw) -> None:
+    gw.on(
+        "GET",
+        "/admin/workers",
+        {
+            "workers": [
+                {
+                    "proxy_id": "p0",
+                    "address": "h:1",
+                    "model": "m",
+                    "health": "healthy",
+                    "inflight_requests": "lots",
+                }
+            ]
+        },
+    )
+    with pytest.raises(InvalidResponseError, match="'inflight_requests' should be int"):
+        areal.list_workers()

@@ -126,7 +126,12 @@ class Requests:
     # -- service ----------------------------------------------------------------
 
     def health(self) -> Call[dict[str, Any]]:
-        return Call("GET", "/health", None, lambda doc, _: dict(doc))
+        def parse(doc: Any, _: int) -> dict[str, Any]:
+            if not isinstance(doc, dict):
+                raise InvalidResponseError(f"/health: expected a JSON object, got {doc!r:.80}")
+            return doc
+
+        return Call("GET", "/health", None, parse)
 
     def served_models(self) -> Call[list[str]]:
         def parse(doc: Any, _: int) -> list[str]:

@@ -49,7 +49,10 @@ class AsyncArealClient:
 
     @property
     def http_client(self) -> httpx.AsyncClient:
-        """The connection pool, to share with the SDK: `session.async_openai(http_client=...)`."""
+        """The connection pool, to share with the SDK: `session.async_openai(http_client=...)`.
+
+        Closing an SDK client built on it closes this pool too: close this client instead.
+        """
         return self._http
 
     async def __aenter__(self) -> AsyncArealClient:

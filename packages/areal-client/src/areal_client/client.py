@@ -65,7 +65,10 @@ class ArealClient:
 
     @property
     def http_client(self) -> httpx.Client:
-        """The connection pool, to share with the SDK: `session.openai(http_client=...)`."""
+        """The connection pool, to share with the SDK: `session.openai(http_client=...)`.
+
+        Closing an SDK client built on it closes this pool too: close the `ArealClient` instead.
+        """
         return self._http
 
     def __enter__(self) -> ArealClient:

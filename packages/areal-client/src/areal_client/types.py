@@ -21,8 +21,9 @@ def _get(doc: Any, key: str, kind: type[T] | tuple[type, ...], where: str) -> T:
     if key not in doc:
         raise InvalidResponseError(f"{where}: missing field {key!r}")
     value = doc[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int in Python; a true/false where a number belongs is a wrong answer.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise InvalidResponseError(
             f"{where}: field {key!r} should be {_kind_name(kind)}, got {value!r:.80}"
         )
@@ -46,6 +47,11 @@ def _number(doc: Any, key: str, where: str) -> float:
 
 def _items(doc: Any, key: str, where: str) -> list[Any]:
     return _get(doc, key, list, where)
+
+
+def _count(doc: Any, key: str, where: str) -> int:
+    """An optional integer field (load figures, timestamps): absent or null is 0."""
+    return _opt(doc, key, int, where) or 0
 
 
 # -- RL API ---------------------------------------------------------------------------
@@ -311,16 +317,16 @@ class ModelInfo:
                 proxy_id=_get(x, "proxy_id", str, f"{w}.workers[{i}]"),
                 address=_get(x, "address", str, f"{w}.workers[{i}]"),
                 health=_get(x, "health", str, f"{w}.workers[{i}]"),
-                inflight_requests=int(x.get("inflight_requests") or 0),
-                inflight_tokens=int(x.get("inflight_tokens") or 0),
-                sessions=int(x.get("sessions") or 0),
+                inflight_requests=_count(x, "inflight_requests", w),
+                inflight_tokens=_count(x, "inflight_tokens", w),
+                sessions=_count(x, "sessions", w),
             )
             for i, x in enumerate(_items(doc, "workers", w))
         ]
         return cls(
             name=_get(doc, "name", str, w),
             kind=_get(doc, "kind", str, w),
-            created=int(doc.get("created") or 0),
+            created=_count(doc, "created", w),
             workers=workers,
             base_url=_opt(doc, "base_url", str, w),
             upstream_model=_opt(doc, "upstream_model", str, w),
@@ -352,10 +358,10 @@ class Worker:
             model=_get(doc, "model", str, w),
             kind=str(doc.get("kind") or "unspecified"),
             health=_get(doc, "health", str, w),
-            inflight_requests=int(doc.get("inflight_requests") or 0),
-            inflight_tokens=int(doc.get("inflight_tokens") or 0),
-            sessions=int(doc.get("sessions") or 0),
-            last_seen_unix_ms=int(doc.get("last_seen_unix_ms") or 0),
+            inflight_requests=_count(doc, "inflight_requests", w),
+            inflight_tokens=_count(doc, "inflight_tokens", w),
+            sessions=_count(doc, "sessions", w),
+            last_seen_unix_ms=_count(doc, "last_seen_unix_ms", w),
             last_error=str(doc.get("last_error") or ""),
             labels=dict(doc.get("labels") or {}),
         )
