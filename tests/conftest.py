@@ -129,6 +129,28 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
+def smol_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One SGLang engine on the CPU serving SmolLM2-135M-Instruct (scripts/setup-model.sh).
+
+    Skipped when the model is not set up, unless AREAL_TEST_REQUIRE_REAL_MODEL=1 (CI's
+    real-model stage, which runs after the parrot engine's suites have released it).
+    """
+    from areal_cli.errors import CLIError
+    from areal_cli.models import resolve_short_name
+
+    try:
+        folder = Path(resolve_short_name("smollm2") or "")
+    except CLIError as e:
+        if os.environ.get("AREAL_TEST_REQUIRE_REAL_MODEL") == "1":
+            raise
+        pytest.skip(str(e))
+    engine, proc = start_engine(tmp_path_factory.mktemp("smol"), folder, "smollm2", "sglang")
+    yield engine
+    supervisor.terminate([[engine.component]], grace=10, procs={proc.pid: proc})  # type: ignore[attr-defined]
+    assert not supervisor.group_alive(engine.component), "smollm2 engine left running"
+
+
+@pytest.fixture(scope="session")
 def parrot_tokenizer():
     from tokenizers import Tokenizer
 
