@@ -133,3 +133,56 @@ class Areal:
                 return rows[0]
             time.sleep(0.2)
         raise AssertionError(f"service {service} not {want}: {rows}")
+
+
+def process_group_members(pgids: set[int]) -> list[int]:
+    """Every live process in one of `pgids` (an engine's scheduler renames itself and
+    rewrites its environment, so it is found by its group, not by AREAL_HOME)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) in pgids:  # fields after the command: state, ppid, pgrp
+            pids.append(int(d))
+    return pids
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, local address, port) of every TCP socket in LISTEN that `pids` hold open,
+    read from /proc (no ss/netstat needed). Addresses are printed like ss does:
+    '0.0.0.0', '127.0.0.1', '::', '::1', '::ffff:127.0.0.1'."""
+    listening: dict[str, tuple[str, int]] = {}
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A":  # TCP_LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, raw)
+            listening[f[9]] = (addr, int(hexport, 16))
+    found = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and (hit := listening.get(target[8:-1])):
+                found.append((pid, *hit))
+    return found

@@ -15,7 +15,15 @@ import subprocess
 import time
 
 import pytest
-from cli_helpers import ADMIN_KEY, PARROT, free_port, needs_binaries, needs_engine
+from cli_helpers import (
+    ADMIN_KEY,
+    PARROT,
+    free_port,
+    listening_sockets,
+    needs_binaries,
+    needs_engine,
+    process_group_members,
+)
 
 pytestmark = [needs_binaries, needs_engine, pytest.mark.engine]
 
@@ -69,6 +77,20 @@ def test_models_lists_the_model(svc):
     m = a("inf", "models", "--service", "default", "--json").json()["models"][0]
     assert m["name"] == MODEL and m["registered"] and m["managed"]
     assert [w["proxy_id"] for w in m["workers"]] == [f"{MODEL}-data-proxy-0"]
+
+
+def test_nothing_listens_on_a_wildcard_address(svc):
+    """Every socket every component (engine and its scheduler included) listens on is loopback."""
+    a, port = svc
+    comps = a("inf", "status", "--service", "default", "--json").json()["components"]
+    pids = process_group_members({c["pgid"] for c in comps.values()})
+    assert len(pids) > len(comps), "the engine's own processes were not found"
+    found = listening_sockets(pids)
+    assert any(p == port for _, _, p in found), f"the gateway's port is not among {found}"
+    wildcard = [s for s in found if s[1] in ("0.0.0.0", "::")]
+    assert not wildcard, f"listening on a wildcard address (pid, address, port): {wildcard}"
+    loopback = ("127.", "::1", "::ffff:127.")
+    assert all(addr.startswith(loopback) for _, addr, _ in found), found
 
 
 def test_curl_chat_completion(svc):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_cli import backend as bk
-from areal_cli import engines, supervisor
+from areal_cli import engines, loopback, supervisor
 from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
@@ -36,6 +36,7 @@ from areal_cli.launcher import (
     stop_signals,
 )
 from areal_cli.models import resolve_short_name
+from areal_cli.private_files import make_dir
 from areal_cli.supervisor import Component
 
 GROUP = "inf"
@@ -166,6 +167,9 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
     }
     launcher.state.setdefault("models", {})[spec.name] = record
     extra = shlex.split(_default_engine_args(spec, bool(devices))) + shlex.split(spec.engine_args)
+    preload, why_not = loopback.shim()
+    if preload is None:
+        progress(f"  warning: {why_not}; the engine may listen on a wildcard address")
     waits = []
     for rank, gpus in enumerate(alloc):
         port = _engine_port()
@@ -196,7 +200,7 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
             name,
             "engine",
             launch.argv,
-            env=launch.env,
+            env=loopback.with_preload(launch.env, preload) if preload else launch.env,
             host="127.0.0.1",
             port=port,
             meta={"model": spec.name, "rank": rank, "url": url, "gpus": gpus},
@@ -258,7 +262,7 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
 def proxy_db_path(service: str, proxy: str) -> Path:
     """`$AREAL_HOME/inf/data/<svc>/<proxy>.sqlite`: kept after stop, like the logs."""
     d = st.group_dir(GROUP) / "data" / service
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_dir(d)
     return d / f"{proxy}.sqlite"
 
 
@@ -338,6 +342,8 @@ def run(cfg: Config, o: RunOptions) -> int:
         o.admin_api_key or cfg.get("launch", "admin_api_key") or cfg.get("default", "admin_api_key")
     )
     key_source = "given"
+    if not key and o.force:
+        key, key_source = st.recorded_admin_key(GROUP, service), "kept"
     if not key:
         key, key_source = "areal-" + secrets.token_urlsafe(24), "generated"
     spec = resolve_model(cfg, o.model, "--model") if o.model.name is not None else None
@@ -415,8 +421,9 @@ def _print_summary(service: str, state: dict[str, Any], key_source: str, detache
     for name, m in state.get("models", {}).items():
         print(f"  model      {name} ({m['backend']}, {len(m['replicas'])} replica(s))")
     where = st.secrets_path(GROUP, service)
-    if key_source == "generated":
-        print(f"  admin key  generated; stored in {where} (mode 0600)")
+    if key_source in ("generated", "kept"):
+        how = "generated" if key_source == "generated" else "kept from the replaced service"
+        print(f"  admin key  {how}; stored in {where} (mode 0600)")
     print(f"  status     areal inf status --service {service}")
     print(f"  stop       areal inf stop --service {service}", flush=True)
 
