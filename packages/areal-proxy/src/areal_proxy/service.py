@@ -25,7 +25,18 @@ from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
-from areal_runtime.errors import ServiceError, abort
+from areal_runtime.errors import (
+    Conflict,
+    DeadlineExceeded,
+    Draining,
+    InternalError,
+    InvalidRequest,
+    PermissionDenied,
+    ServiceError,
+    SessionNotFound,
+    abort,
+    error_for,
+)
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _EXPORT_ROWS_PER_CHUNK = 256
@@ -51,18 +62,18 @@ def _service_error(exc: BaseException) -> ServiceError:
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(exc, TimeoutError):
-        return ServiceError(
-            504, "generation did not finish before the request deadline", code="deadline_exceeded"
-        )
+        return DeadlineExceeded("generation did not finish before the request deadline")
     if isinstance(exc, EngineError):
-        return ServiceError(
+        # The engine's own status, as the class for it (a 503 is `Unavailable`, so the
+        # gateway may try another replica); type and code say it was the engine.
+        return error_for(
             exc.status,
             str(exc),
             type="api_error" if exc.status >= 500 else None,
             code="engine_unavailable" if exc.status == 503 else "engine_error",
         )
     log.exception("internal error", exc_info=exc)
-    return ServiceError(500, f"internal proxy error: {type(exc).__name__}: {exc}", type="api_error")
+    return InternalError(f"internal proxy error: {type(exc).__name__}: {exc}")
 
 
 class ProxyServicer(
@@ -120,9 +131,7 @@ class ProxyServicer(
 
     def _enter(self) -> None:
         if self.state.draining:
-            raise ServiceError(
-                503, "this proxy is draining; send the request elsewhere", code="draining"
-            )
+            raise Draining("this proxy is draining; send the request elsewhere")
         self._active += 1
         self._idle.clear()
         self.metrics.inflight.inc()
@@ -315,7 +324,7 @@ class ProxyServicer(
     async def SetVersion(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
         async def act() -> str:
             if request.version < 0:
-                raise ServiceError(400, "version must be >= 0", param="version")
+                raise InvalidRequest("version must be >= 0", param="version")
             self.controller.set_version(int(request.version))
             return f"version set to {request.version}"
 
@@ -324,11 +333,9 @@ class ProxyServicer(
     async def UpdateWeights(self, request: Any, context: Any) -> proxy_pb2.ControlResponse:
         async def act() -> str:
             if not request.path:
-                raise ServiceError(400, "path is required", param="path")
+                raise InvalidRequest("path is required", param="path")
             if request.version < -1:
-                raise ServiceError(
-                    400, "version must be >= 0, or -1 for current + 1", param="version"
-                )
+                raise InvalidRequest("version must be >= 0, or -1 for current + 1", param="version")
             version = await self.controller.update_weights(request.path, int(request.version))
             return f"weights loaded from {request.path}; version {version}"
 
@@ -338,7 +345,7 @@ class ProxyServicer(
 
     def _sessions(self) -> SessionBook:
         if self.book is None:
-            raise ServiceError(409, "this proxy records no sessions", code="no_recording")
+            raise Conflict("this proxy records no sessions", code="no_recording")
         return self.book
 
     def _acting_on(self, env: Any, session_id: str, *, for_turn: bool) -> Session:
@@ -347,14 +354,12 @@ class ProxyServicer(
         if env is not None and env.is_admin:
             found = book.store.session(session_id)
             if found is None:
-                raise ServiceError(
-                    404, f"session '{session_id}' not found", code="session_not_found"
-                )
+                raise SessionNotFound(f"session '{session_id}' not found")
             return found
         key = env.api_key if env is not None else ""
         if not key or (env.session_id and env.session_id != session_id):
-            raise ServiceError(
-                403, "a session key may act only on its own session", code="forbidden_session"
+            raise PermissionDenied(
+                "a session key may act only on its own session", code="forbidden_session"
             )
         return book.authorize(session_id, key, for_turn=for_turn)
 
@@ -374,7 +379,7 @@ class ProxyServicer(
     async def StartSessions(self, request: Any, context: Any) -> proxy_pb2.StartSessionsResponse:
         def act() -> proxy_pb2.StartSessionsResponse:
             if not request.group_id or not request.sessions:
-                raise ServiceError(400, "group_id and sessions are required", param="sessions")
+                raise InvalidRequest("group_id and sessions are required", param="sessions")
             creds = [(c.session_id, c.session_api_key) for c in request.sessions]
             self._sessions().start(
                 request.group_id, request.task_id, request.model or self.state.model, creds

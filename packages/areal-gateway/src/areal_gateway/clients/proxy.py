@@ -22,7 +22,7 @@ from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.auth import call_metadata
 from areal_runtime.batching import take_batch
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import ServiceError, Unavailable, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,7 @@ def _deadline(timeout_s: float | None) -> float:
 
 
 def _timeout(address: str) -> ServiceError:
-    return ServiceError(
-        504, f"proxy {address} did not answer before the deadline", code="upstream_timeout"
-    )
+    return UpstreamTimeout(f"proxy {address} did not answer before the deadline")
 
 
 class _Waiter:
@@ -159,7 +157,7 @@ class GenerateStream:
         except grpc.RpcError as exc:
             error = proxy_error(exc, self.address, started=True)
         except asyncio.CancelledError:
-            error = ServiceError(503, "the gateway is shutting down", code="shutting_down")
+            error = Unavailable("the gateway is shutting down", code="shutting_down")
         finally:
             self._end(error)
 
@@ -172,13 +170,7 @@ class GenerateStream:
                 waiter.fail(ProxyUnreachable(self.address, "it closed the stream unread"))
             else:
                 waiter.fail(
-                    error
-                    or ServiceError(
-                        502,
-                        f"proxy {self.address} closed the stream mid-request",
-                        type="api_error",
-                        code="upstream_error",
-                    )
+                    error or UpstreamError(f"proxy {self.address} closed the stream mid-request")
                 )
         if error is not None:
             log.warning("stream to proxy %s ended: %s", self.address, error.message)

@@ -17,7 +17,7 @@ from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.sessions import AgentSession, AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
-from areal_runtime.errors import ServiceError, abort
+from areal_runtime.errors import Conflict, Draining, ServiceError, SessionNotFound, abort
 from areal_runtime.session_keys import new_id
 
 log = logging.getLogger("areal_proxy.agent")
@@ -110,13 +110,11 @@ class AgentModeServicer(
         env = request.envelope
         try:
             if self.draining:
-                raise ServiceError(503, "this agent pair is draining", code="draining")
+                raise Draining("this agent pair is draining")
             s = self.sessions.get(request.session_id, env.api_key, is_admin=env.is_admin)
             if s is None:
                 if not env.is_admin:
-                    raise ServiceError(
-                        404, f"session '{request.session_id}' not found", code="session_not_found"
-                    )
+                    raise SessionNotFound(f"session '{request.session_id}' not found")
                 s = await self._create(request.session_id or new_id("agent"), "", {})
         except ServiceError as e:
             await abort(context, e)
@@ -181,9 +179,7 @@ class AgentModeServicer(
         if s is None:
             await abort(
                 context,
-                ServiceError(
-                    404, f"session '{request.session_id}' not found", code="session_not_found"
-                ),
+                SessionNotFound(f"session '{request.session_id}' not found"),
             )
             raise AssertionError("unreachable")
         return proxy_pb2.GetAgentHistoryResponse(history=orjson.dumps(s.history))
@@ -193,10 +189,10 @@ class AgentModeServicer(
     def _linked(self, session_id: str, env: Any) -> tuple[AgentSession, InferenceLink]:
         s = self.sessions.get(session_id, env.api_key, is_admin=env.is_admin)
         if s is None:
-            raise ServiceError(404, f"session '{session_id}' not found", code="session_not_found")
+            raise SessionNotFound(f"session '{session_id}' not found")
         if self.link is None or not s.rl_key:
-            raise ServiceError(
-                409, "this agent service is not linked to an inference service", code="not_linked"
+            raise Conflict(
+                "this agent service is not linked to an inference service", code="not_linked"
             )
         return s, self.link
 
