@@ -14,7 +14,13 @@ import pytest
 from aiohttp import web
 
 from areal_proxy.agent.inference_link import InferenceLink
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    InvalidRequest,
+    ServiceError,
+    SessionNotFound,
+    Unavailable,
+    UpstreamError,
+)
 
 ADMIN = "inf-admin-key"
 KEY = "areal-sk-sess-abc.secret"
@@ -132,13 +138,13 @@ async def test_gateway_errors_keep_their_code_and_a_5xx_is_502(served) -> None:
             }
         },
     )
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(SessionNotFound) as info:  # the gateway's error keeps its class
         await link.set_reward(KEY, 1.0)
     e = info.value
     assert (e.http_status, e.code) == (404, "session_not_found")
     assert e.message == "inference service: no session 'x'"
     fake.fail = (500, "Internal Server Error")
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(UpstreamError) as info:
         await link.export("sess-abc", "individual", 1.0, False)
     assert (info.value.http_status, info.value.code) == (502, "inference_error")
     assert "Internal Server Error" in info.value.message
@@ -154,7 +160,7 @@ async def test_an_answer_of_the_wrong_shape_is_502(served) -> None:
 
 async def test_a_bad_reward_is_refused_without_a_call(served) -> None:
     fake, link = served
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(InvalidRequest) as info:
         await link.set_reward(KEY, math.nan)
     assert info.value.http_status == 400 and fake.seen == []
 
@@ -165,7 +171,7 @@ async def test_an_unreachable_inference_service_is_503() -> None:
         port = s.getsockname()[1]
     link = InferenceLink(f"http://127.0.0.1:{port}", ADMIN)
     try:
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(Unavailable) as info:
             await link.start_session("agent-1")
     finally:
         await link.close()

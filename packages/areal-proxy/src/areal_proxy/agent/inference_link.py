@@ -20,7 +20,13 @@ from areal_client import (
     AsyncArealClient,
     Session,
 )
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import (
+    InvalidRequest,
+    ServiceError,
+    Unavailable,
+    UpstreamError,
+    error_for,
+)
 from areal_runtime.session_keys import session_of
 
 # One call is a start/reward/export on an idle inference gateway: a minute is an outage.
@@ -39,20 +45,21 @@ class InferenceLink:
 
     def _error(self, e: ArealClientError | ValueError) -> ServiceError:
         if isinstance(e, ValueError):  # the client refused an argument before sending it
-            return ServiceError(400, str(e), code="invalid_value")
+            return InvalidRequest(str(e), code="invalid_value")
         if isinstance(e, APIConnectionError):
-            return ServiceError(
-                503,
+            return Unavailable(
                 f"inference service at {self.gateway_url} unreachable: {e.message}",
                 code="inference_unavailable",
             )
         if isinstance(e, APIStatusError):
-            return ServiceError(
+            # The inference gateway's own error keeps its class (a session it does not know
+            # is a SessionNotFound here too); its server failures are a bad gateway here.
+            return error_for(
                 e.status if e.status < 500 else 502,
                 f"inference service: {e.message}",
                 code=e.code or "inference_error",
             )
-        return ServiceError(502, f"inference service: {e}", code="inference_error")
+        return UpstreamError(f"inference service: {e}", code="inference_error")
 
     def _session(self, session_key: str) -> Session:
         # The agent side keeps the key; the id is read out of it (`areal-sk-<id>.<secret>`).
