@@ -236,3 +236,44 @@ async def test_stats_count_live_sessions():
         assert (await h.status.GetStats(proxy_pb2.GetStatsRequest())).sessions == 3
     finally:
         await h.close()
+
+
+async def test_streamed_tool_call_is_recorded_with_the_ids_the_client_got():
+    # The recorded assistant message is what the client echoes back on its next turn: its
+    # tool call ids must be the ones streamed, not fresh ones from parsing the text again.
+    engine = FakeEngineClient([])
+    h = await start(engine, tool_call_parser="hermes")
+    text = (
+        'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    engine.sequence = [*h.tok.encode(text), EOS]
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+        for n in ("get_weather", "get_time")
+    ]
+    try:
+        [(sid, key)] = await _group(h)
+        msgs = [{"role": "user", "content": "weather?"}]
+        chunks = await h.chat_stream(
+            {"messages": msgs, "tools": tools, "stream": True}, api_key=key, session_id=sid
+        )
+        streamed = [
+            tc["id"]
+            for c in chunks
+            if c["choices"]
+            for tc in c["choices"][0]["delta"].get("tool_calls", [])
+            if "id" in tc
+        ]
+        assert len(streamed) == 2
+        [row] = await _export(h, group_id="g1")
+        recorded = h.server.book.store.interaction(row["interaction_id"])
+        assert recorded is not None and isinstance(recorded.response, dict)
+        assert [c["id"] for c in recorded.response["tool_calls"]] == streamed
+        assert recorded.response["content"] == "Checking."
+        assert [c["function"]["name"] for c in recorded.response["tool_calls"]] == [
+            "get_weather",
+            "get_time",
+        ]
+    finally:
+        await h.close()

@@ -24,7 +24,7 @@ from areal_proxy.openai_request import (
     parse_chat,
     parse_completion,
 )
-from areal_proxy.output_parsing import delta_dicts, make_output_parser
+from areal_proxy.output_parsing import collect_events, delta_dicts, make_output_parser
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
@@ -264,6 +264,9 @@ class InferenceHandler:
         streamer = parser.streamer() if parser is not None else None
         created, model = int(time.time()), self.config.model
         texts: list[str] = []
+        # The parser events as streamed, so the recorded message has the tool call ids the
+        # client got (parsing the text again would mint new ones).
+        events: list[Any] = []
         usage_field = req.include_usage
         first = True
         try:
@@ -275,6 +278,8 @@ class InferenceHandler:
                         raw = streamer.feed(ts.text) if ts.text else []
                         if ts.finish_reason is not None:
                             raw.extend(streamer.finish())
+                        if ot is not None:
+                            events.extend(raw)
                         deltas = delta_dicts(raw)
                     else:
                         deltas = [{"content": ts.text}] if ts.text else []
@@ -312,7 +317,7 @@ class InferenceHandler:
                             await self._commit(
                                 ot,
                                 req.messages,
-                                self._chat_response("".join(texts), req),
+                                self._streamed_response("".join(texts), events, streamer),
                                 rec,
                                 finish,
                             )
@@ -339,15 +344,11 @@ class InferenceHandler:
         finally:
             self.controller.finish(rec)
 
-    def _chat_response(self, text: str, req: ChatRequest) -> dict[str, Any]:
-        parser = make_output_parser(
-            self.config.tool_call_parser if req.parse_tools else "",
-            self.config.reasoning_parser,
-            req.tools,
-        )
-        if parser is None:
+    def _streamed_response(self, text: str, events: list[Any], streamer: Any) -> dict[str, Any]:
+        """The assistant message a stream sent: its parsed parts, as the client got them."""
+        if streamer is None:
             return _assistant(text, None, None)
-        parsed = parser.parse(text)
+        parsed = collect_events(events)
         calls = [out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls] or None
         return _assistant(parsed.content, parsed.reasoning_content, calls)
 

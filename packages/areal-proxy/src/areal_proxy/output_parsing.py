@@ -27,6 +27,13 @@ def make_output_parser(
     return OutputParser(tool or None, reasoning_parser or None, tools if tool else None)
 
 
+def collect_events(events: list[Any]) -> Any:
+    """The ParsedOutput that streamed parser events add up to (their tool call ids kept)."""
+    from areal_proxy.parsers.output import collect
+
+    return collect(events)
+
+
 def delta_dicts(deltas: list[Any]) -> list[dict[str, Any]]:
     """Parser deltas -> OpenAI chat `delta` objects, consecutive ones of a kind merged."""
     from areal_proxy.parsers import ContentDelta, ReasoningDelta, ToolCallDelta
