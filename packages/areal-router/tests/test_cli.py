@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_router import __version__
+from areal_router.store import read_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,7 +112,7 @@ def test_ready_file_health_and_sigterm(tmp_path):
         assert proc.returncode == 0, err.decode()
         assert "stopped" in err.decode()
         # Nothing persisted is removed: the state keeps the model, the ready file stays.
-        saved = json.loads(state.read_text())
+        saved = read_state(state)
         assert [m["name"] for m in saved["models"]] == ["m"]
         assert ready.exists()
     finally:

@@ -19,9 +19,9 @@ from areal_router.registry import (
     UNHEALTHY,
     ModelState,
     Registry,
-    StateStore,
 )
 from areal_router.settings import RouterSettings, parse
+from areal_router.store import StateStore
 from areal_runtime.errors import ServiceError
 
 

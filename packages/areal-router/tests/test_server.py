@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
 import urllib.request
@@ -19,6 +18,7 @@ from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_router.server import RouterServer, create_server
 from areal_router.settings import RouterSettings
+from areal_router.store import read_state
 from areal_runtime.auth import TOKEN_ENV, call_metadata
 from areal_runtime.errors import from_rpc_error
 
@@ -476,12 +476,12 @@ async def test_state_file_restores_registrations_and_pins(tmp_path):
             router_pb2.BindSessionRequest(session_ids=["s0", "s1"], model="m")
         )
         # Acknowledged means on disk: a router killed now restarts with these pins.
-        assert json.loads(state.read_text())["pins"] == {"s0": bound.proxy_id, "s1": bound.proxy_id}
+        assert read_state(state)["pins"] == {"s0": bound.proxy_id, "s1": bound.proxy_id}
     finally:
         fakes = h.fakes
         await stop_router(h)  # stops the fakes too
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o600
-    saved = json.loads(state.read_text())
+    saved = read_state(state)
     assert saved["pins"] == {"s0": bound.proxy_id, "s1": bound.proxy_id}
 
     # The bound proxy lives on (same port); the other one is gone for good.
@@ -509,4 +509,4 @@ async def test_state_file_restores_registrations_and_pins(tmp_path):
         assert released.released == 1
     finally:
         await stop_router(h)
-    assert json.loads(state.read_text())["pins"] == {"s1": bound.proxy_id}
+    assert read_state(state)["pins"] == {"s1": bound.proxy_id}

@@ -287,6 +287,7 @@ class Router:
             proxy_state = self.registry.proxies.get(pid) if pid is not None else None
             if proxy_state is None:
                 raise SessionNotFound(f"session {session_id!r} is not known to the router")
+            self.registry.touch(session_id)
             return Decision(self._model(proxy_state.model), proxy_state, policy_name)
         model = self._model(model_name)
         if model.kind == EXTERNAL:
@@ -294,6 +295,7 @@ class Router:
         if session_id:
             pinned = self._pinned(session_id, model)
             if pinned is not None:
+                self.registry.touch(session_id)
                 self.registry.note_chosen(pinned, routed=True)
                 return Decision(model, pinned, policy_name)
         candidates = self.registry.candidates(model.name, kind)

@@ -1,26 +1,24 @@
 """The router's state: models, proxies, their health and load, session pins.
 
-Pure data (no gRPC, no I/O) plus `StateStore`, which persists the durable part
-(models, proxies, pins; never health or load) to `--state-file`.
+Pure data (no gRPC, no I/O). The durable part (models, proxies, pins; never health or
+load) is persisted by `areal_router.store.StateStore`: every mutation here records the
+key it touched in a dirty set, so a write costs O(keys changed), never O(state).
 
 Everything here runs on the server's event loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import Conflict, InvalidRequest, ModelExists
-from areal_runtime.ready import write_private
 
 log = logging.getLogger("areal_router.registry")
 
@@ -94,6 +92,8 @@ class ProxyState:
     sessions: set[str] = field(default_factory=set)
     # Sequence number of the last time a policy chose it (tie-break: least recent).
     last_chosen: int = 0
+    # Registration order (persisted: a model's proxies come back in the same order).
+    seq: int = 0
 
     @property
     def routable(self) -> bool:
@@ -130,15 +130,38 @@ class ProxyState:
 
 
 class Registry:
-    """Models, proxies and session pins. Every mutation bumps `generation`."""
+    """Models, proxies and session pins. Every mutation bumps `generation` and records the
+    keys it touched in `dirty_models` / `dirty_proxies` / `dirty_pins` (the store writes
+    those rows and clears the sets).
 
-    def __init__(self) -> None:
+    Pins expire `pin_ttl` seconds after their last use (0: never). Use is a bind or a
+    `touch` (a Route naming the session); `pin_used` keeps pins least recently used
+    first, so `expire` pops only what expired: O(expired), never a scan of every pin.
+    """
+
+    def __init__(self, *, pin_ttl: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         self.models: dict[str, ModelState] = {}
         self.proxies: dict[str, ProxyState] = {}
         # session id -> proxy id
         self.pins: dict[str, str] = {}
+        # session id -> last use (unix s), least recently used first.
+        self.pin_used: OrderedDict[str, float] = OrderedDict()
+        self.pin_ttl = max(0.0, pin_ttl)
+        # A use refreshes the stored time only once it is this stale: a session sending a
+        # request per second must not cost a write per request. An expiry is therefore
+        # late by at most this much (1% of the TTL, at most 10 minutes).
+        self.touch_granularity = min(self.pin_ttl / 100, 600.0)
+        self.clock = clock
+        self.dirty_models: set[str] = set()
+        self.dirty_proxies: set[str] = set()
+        self.dirty_pins: set[str] = set()
         self.generation = 0
         self._choice_seq = 0
+        self._proxy_seq = 0
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.dirty_models or self.dirty_proxies or self.dirty_pins)
 
     # -- models ---------------------------------------------------------
 
@@ -163,6 +186,7 @@ class Registry:
             model.proxy_ids = existing.proxy_ids
         model.implicit = False
         self.models[model.name] = model
+        self.dirty_models.add(model.name)
         self.generation += 1
 
     def remove_model(self, name: str) -> tuple[bool, list[str]]:
@@ -173,6 +197,7 @@ class Registry:
         for pid in proxy_ids:
             self._drop_proxy(pid)
         self.models.pop(name, None)
+        self.dirty_models.add(name)
         self.generation += 1
         return True, proxy_ids
 
@@ -210,13 +235,16 @@ class Registry:
                 name=model, kind=INTERNAL, created_unix_s=int(time.time()), implicit=True
             )
             self.models[model] = m
+            self.dirty_models.add(model)
         if old is None:
+            self._proxy_seq += 1
             state = ProxyState(
                 proxy_id=proxy_id,
                 address=address,
                 model=model,
                 kind=kind,
                 labels=dict(labels or {}),
+                seq=self._proxy_seq,
             )
             self.proxies[proxy_id] = state
             m.proxy_ids.append(proxy_id)
@@ -234,6 +262,7 @@ class Registry:
                 state.last_error = NOT_POLLED
                 state.reported_requests = state.reported_tokens = state.reported_sessions = 0
                 state.routed_since_report = 0
+        self.dirty_proxies.add(proxy_id)
         self.generation += 1
         return state, changed
 
@@ -248,8 +277,11 @@ class Registry:
         state = self.proxies.pop(proxy_id, None)
         if state is None:
             return
+        self.dirty_proxies.add(proxy_id)
         for sid in state.sessions:
             self.pins.pop(sid, None)
+            self.pin_used.pop(sid, None)
+        self.dirty_pins.update(state.sessions)
         state.sessions.clear()
         m = self.models.get(state.model)
         if m is not None:
@@ -257,6 +289,7 @@ class Registry:
                 m.proxy_ids.remove(proxy_id)
             if m.implicit and not m.proxy_ids:
                 del self.models[m.name]
+                self.dirty_models.add(m.name)
 
     def proxies_of(self, model: str) -> Iterator[ProxyState]:
         m = self.models.get(model)
@@ -335,6 +368,7 @@ class Registry:
     # -- session pins ---------------------------------------------------
 
     def pin(self, session_ids: Iterable[str], proxy: ProxyState) -> None:
+        now = self.clock()
         for sid in session_ids:
             prev = self.pins.get(sid)
             if prev is not None and prev != proxy.proxy_id:
@@ -343,6 +377,9 @@ class Registry:
                     old.sessions.discard(sid)
             self.pins[sid] = proxy.proxy_id
             proxy.sessions.add(sid)
+            self.pin_used[sid] = now
+            self.pin_used.move_to_end(sid)
+            self.dirty_pins.add(sid)
         self.generation += 1
 
     def unpin(self, session_ids: Iterable[str]) -> int:
@@ -352,12 +389,45 @@ class Registry:
             if pid is None:
                 continue
             released += 1
+            self.pin_used.pop(sid, None)
+            self.dirty_pins.add(sid)
             p = self.proxies.get(pid)
             if p is not None:
                 p.sessions.discard(sid)
         if released:
             self.generation += 1
         return released
+
+    def touch(self, session_id: str) -> None:
+        """The pinned session was used: its TTL starts over (O(1)). The new time is written
+        with the next commit, not waited for: losing it on a crash only makes the pin
+        expire up to `touch_granularity` + one sweep earlier."""
+        if not self.pin_ttl:
+            return
+        used = self.pin_used.get(session_id)
+        if used is None:
+            return
+        now = self.clock()
+        if now - used < self.touch_granularity:
+            return
+        self.pin_used[session_id] = now
+        self.pin_used.move_to_end(session_id)
+        self.dirty_pins.add(session_id)
+
+    def expire(self) -> list[str]:
+        """Release the pins unused for `pin_ttl` seconds; returns their session ids.
+        O(expired): `pin_used` is oldest first, so this stops at the first live pin."""
+        if not self.pin_ttl:
+            return []
+        cutoff = self.clock() - self.pin_ttl
+        expired: list[str] = []
+        for sid, used in self.pin_used.items():
+            if used > cutoff:
+                break
+            expired.append(sid)
+        if expired:
+            self.unpin(expired)
+        return expired
 
     # -- persistence ----------------------------------------------------
 
@@ -370,13 +440,32 @@ class Registry:
         }
 
     def load_json(self, data: dict[str, Any]) -> None:
-        """Replace the registry's content with a `to_json()` snapshot."""
+        """Replace the registry's content with a `to_json()` snapshot (the state file of
+        routers before the SQLite store; pins from it count as used now)."""
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported state format: {data.get('format')!r}")
+        now = self.clock()
+        self.load_rows(
+            data.get("models", []),
+            data.get("proxies", []),
+            ((sid, pid, now) for sid, pid in dict(data.get("pins", {})).items()),
+        )
+
+    def load_rows(
+        self,
+        models: Iterable[dict[str, Any]],
+        proxies: Iterable[dict[str, Any]],
+        pins: Iterable[tuple[str, str, float]],
+    ) -> None:
+        """Replace the registry's content: model and proxy documents (`to_json()` of each,
+        a proxy's with its `seq`; proxies in registration order) and (session, proxy, last use) pins. Rows that no
+        longer fit (a proxy of an external model, a pin of an unknown proxy) are dropped and
+        marked dirty, so the next write removes them from the store as well."""
         self.models.clear()
         self.proxies.clear()
         self.pins.clear()
-        for m in data.get("models", []):
+        self.pin_used.clear()
+        for m in models:
             self.models[m["name"]] = ModelState(
                 name=m["name"],
                 kind=int(m.get("kind", INTERNAL)),
@@ -386,73 +475,42 @@ class Registry:
                 created_unix_s=int(m.get("created_unix_s", 0)),
                 implicit=bool(m.get("implicit", False)),
             )
-        for p in data.get("proxies", []):
+        for p in proxies:
             model = self.models.get(p["model"])
             if model is None:
                 model = self.models[p["model"]] = ModelState(name=p["model"], implicit=True)
+                self.dirty_models.add(p["model"])
             if model.kind == EXTERNAL:
                 log.warning(
                     "state: dropping proxy %s of external model %s", p["proxy_id"], p["model"]
                 )
+                self.dirty_proxies.add(p["proxy_id"])
                 continue
+            # Keep stored sequence numbers, so proxies registered after a restart still
+            # sort after these at the next one.
+            self._proxy_seq = max(self._proxy_seq + 1, int(p.get("seq", 0)))
             self.proxies[p["proxy_id"]] = ProxyState(
                 proxy_id=p["proxy_id"],
                 address=p["address"],
                 model=p["model"],
                 kind=int(p.get("kind", router_pb2.PROXY_KIND_INFERENCE)),
                 labels=dict(p.get("labels", {})),
+                seq=self._proxy_seq,
             )
             model.proxy_ids.append(p["proxy_id"])
-        for sid, pid in dict(data.get("pins", {})).items():
+        # Least recently used first, as `pin` keeps them.
+        for sid, pid, used in sorted(pins, key=lambda row: row[2]):
             proxy = self.proxies.get(pid)
-            if proxy is not None:
-                self.pins[sid] = pid
-                proxy.sessions.add(sid)
+            if proxy is None:
+                self.dirty_pins.add(sid)
+                continue
+            self.pins[sid] = pid
+            self.pin_used[sid] = float(used)
+            proxy.sessions.add(sid)
         self.generation += 1
 
-
-class StateStore:
-    """Writes the registry to `path` (atomic, 0600); `flush` after each change, before the
-    change is acknowledged. Concurrent flushes share writes: one runs at a time, and the next
-    writes everything changed meanwhile."""
-
-    def __init__(self, path: str | Path, registry: Registry) -> None:
-        self.path = Path(path)
-        self.registry = registry
-        self._saved_generation = -1
-        self._lock = asyncio.Lock()
-
-    def load(self) -> bool:
-        """Load the file into the registry. False if there is none yet.
-
-        A file that exists but cannot be read raises: starting empty would
-        overwrite every registration with nothing.
-        """
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return False
-        try:
-            self.registry.load_json(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"state file {self.path} is not a router state: {exc}") from exc
-        self._saved_generation = self.registry.generation
-        return True
-
-    @property
-    def dirty(self) -> bool:
-        return self.registry.generation != self._saved_generation
-
-    async def flush(self) -> None:
-        """Return once every change made before the call is on disk."""
-        async with self._lock:
-            if not self.dirty:
-                return
-            generation = self.registry.generation
-            data = json.dumps(self.registry.to_json(), sort_keys=True).encode()
-            await asyncio.to_thread(write_private, self.path, data)
-            self._saved_generation = generation
-            log.debug("state: wrote %s (%d bytes)", self.path, len(data))
-
-    async def close(self) -> None:
-        await self.flush()
+    def mark_all_dirty(self) -> None:
+        """Every row is to be written (a migration into an empty store)."""
+        self.dirty_models.update(self.models)
+        self.dirty_proxies.update(self.proxies)
+        self.dirty_pins.update(self.pins)

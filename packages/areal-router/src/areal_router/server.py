@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -19,15 +20,22 @@ from areal_router.health import HealthPoller
 from areal_router.metrics import RouterMetrics
 from areal_router.policies import Router
 from areal_router.proxy_client import ProxyClients
-from areal_router.registry import Registry, StateStore
+from areal_router.registry import Registry
 from areal_router.service import RouterService
 from areal_router.settings import RouterSettings
+from areal_router.store import StateStore
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_router")
 
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
+
+
+def sweep_interval(pin_ttl: float) -> float:
+    """Seconds between expiry sweeps: a tenth of the TTL, at most a minute (a sweep costs
+    O(pins expired), so running it often costs nothing when nothing expires)."""
+    return max(0.05, min(pin_ttl / 10, 60.0))
 
 
 @dataclass
@@ -48,6 +56,7 @@ class RouterServer:
     metrics_port: int = -1
     _metrics_http: Any = None
     _metrics_thread: threading.Thread | None = None
+    _sweeper: asyncio.Task[None] | None = None
     _stopped: bool = False
 
     async def start(self) -> int:
@@ -71,6 +80,10 @@ class RouterServer:
         for proxy_id in restored:
             self.poller.watch(proxy_id)
         await self.poller.wait_first_poll(restored, s.health_timeout + 0.5)
+        if self.registry.pin_ttl:
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep_loop(sweep_interval(self.registry.pin_ttl)), name="pin-sweep"
+            )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -89,6 +102,27 @@ class RouterServer:
     def address(self) -> str:
         return f"{self.settings.host}:{self.port}"
 
+    async def sweep(self) -> list[str]:
+        """Release expired pins, and commit them with the uses (`Registry.touch`) that no
+        RPC waited for. Returns the expired session ids."""
+        expired = self.registry.expire()
+        if expired:
+            log.info(
+                "released %d session pin(s) unused for %gs", len(expired), self.registry.pin_ttl
+            )
+        if self.store is not None and self.store.dirty:
+            await self.store.flush()
+        return expired
+
+    async def _sweep_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except Exception:
+                # A failed commit is retried by the next one (the keys stay dirty).
+                log.exception("pin sweep failed")
+
     async def shutdown(self, grace: float | None = None) -> None:
         """The ordered shutdown steps (SIGTERM, SIGINT, or a test)."""
         if self._stopped:
@@ -101,8 +135,12 @@ class RouterServer:
         # 2. Stop accepting; let in-flight calls finish within the grace.
         if self.server is not None:
             await self.server.stop(grace)
-        # 3. No more polls.
+        # 3. No more polls, no more sweeps.
         await self.poller.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         # 4. Persist the last changes (the state file is kept: it is the point).
         if self.store is not None:
             try:
@@ -121,12 +159,16 @@ class RouterServer:
 
 def create_server(settings: RouterSettings) -> RouterServer:
     """Build the router (and load --state-file); nothing listens until `start()`."""
-    registry = Registry()
+    registry = Registry(pin_ttl=settings.pin_ttl)
     store: StateStore | None = None
     if settings.state_file:
         store = StateStore(settings.state_file, registry)
         if store.load():
             log.info("state: loaded %s", settings.state_file)
+        # Pins that expired while the router was down never serve (committed with the
+        # first change or sweep).
+        if expired := registry.expire():
+            log.info("state: %d session pin(s) expired while stopped", len(expired))
     router = Router(registry, settings.policy)
     reconnect_ms = max(100, min(1000, int(settings.health_interval * 1000)))
     clients = ProxyClients(reconnect_ms=reconnect_ms)

@@ -13,7 +13,8 @@ from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_router.health import HealthPoller
 from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
-from areal_router.registry import ModelState, Registry, StateStore
+from areal_router.registry import ModelState, Registry
+from areal_router.store import StateStore
 from areal_runtime.errors import InvalidRequest, NotFound, ServiceError, Unavailable, abort
 from areal_runtime.logs import mask
 
@@ -60,8 +61,9 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     async def _changed(self) -> None:
         """A registration or pin changed: it is on disk before the caller hears of it, so a
         router killed right after answering restarts knowing what it acknowledged (a session
-        it pinned, then forgot, would be exported as unknown). Concurrent changes share one
-        write (StateStore.flush holds a lock; whoever writes next writes them all)."""
+        it pinned, then forgot, would be exported as unknown). Only the rows changed are
+        written, off the event loop, and concurrent changes share one commit (group commit:
+        StateStore.flush)."""
         if self.store is not None:
             await self.store.flush()
 

@@ -49,7 +49,17 @@ class RouterSettings:
     )
     state_file: str = field(
         default="",
-        metadata={"help": "where registrations and session pins persist (empty: memory only)"},
+        metadata={
+            "help": "SQLite file where registrations and session pins persist (empty: memory "
+            "only; a JSON state of an older router is migrated)"
+        },
+    )
+    pin_ttl: float = field(
+        default=86400.0,
+        metadata={
+            "help": "seconds a session pin lives after its last use (a bind, or a route "
+            "naming the session); 0 = until released"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -63,6 +73,8 @@ class RouterSettings:
             raise ValueError("unhealthy_after must be >= 1")
         if self.route_lease < 0:
             raise ValueError("route_lease must be >= 0")
+        if self.pin_ttl < 0:
+            raise ValueError("pin_ttl must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
 
