@@ -177,13 +177,6 @@ class StateStore:
         state yet. A file that exists but is neither an SQLite store nor a JSON state of an
         older router raises: starting empty would overwrite every registration."""
         exists = self.path.exists()
-        if not exists:
-            # A -wal left without its database (the file was deleted, e.g. by `areal inf
-            # run` starting a new service) would be replayed into the new database and
-            # bring the deleted state back.
-            for suffix in SIDE_FILES:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{self.path}{suffix}")
         _private_dir(self.path.parent)
         if exists:
             with open(self.path, "rb") as f:
@@ -212,7 +205,9 @@ class StateStore:
             db.execute("INSERT INTO meta (key, value) VALUES ('format', ?)", (str(SCHEMA_FORMAT),))
         elif row[0] != str(SCHEMA_FORMAT):
             raise ValueError(f"state file {self.path}: unsupported format {row[0]!r}")
-        models = [json.loads(doc) for (doc,) in db.execute("SELECT doc FROM models")]
+        # Models by name (their order means nothing: ListModels sorts), proxies in
+        # registration order (a model's proxy list keeps it).
+        models = [json.loads(doc) for (doc,) in db.execute("SELECT doc FROM models ORDER BY name")]
         proxies: list[dict[str, Any]] = []
         for seq, doc in db.execute("SELECT seq, doc FROM proxies ORDER BY seq"):
             proxies.append({**json.loads(doc), "seq": seq})
