@@ -379,6 +379,33 @@ async def test_session_affinity_pins_unknown_sessions():
         await stop_router(h)
 
 
+async def test_pins_expire_unless_used_and_the_expiry_is_persisted(tmp_path):
+    """Pins of sessions nobody ends (a crashed episode, a session_affinity id) go after
+    --pin-ttl without use; a session in use keeps its pin."""
+    state = tmp_path / "router-state.db"
+    h = await start_router(
+        replace(FAST, policy="session_affinity", pin_ttl=1.0, state_file=str(state))
+    )
+    try:
+        await h.add_proxy("m-0", "m")
+        await h.stub.BindSession(
+            router_pb2.BindSessionRequest(session_ids=["group:g", "busy", "idle"], model="m")
+        )
+        assert await h.route("m", session_id="affine") == "m-0"  # pinned by the policy
+        assert set(read_state(state)["pins"]) == {"group:g", "busy", "idle", "affine"}
+        deadline = asyncio.get_running_loop().time() + 1.6
+        while asyncio.get_running_loop().time() < deadline:
+            assert await h.route("m", session_id="busy") == "m-0"
+            await asyncio.sleep(0.1)
+        await eventually(lambda: set(h.server.registry.pins) == {"busy"}, timeout=3)
+        err = await rpc_error(h.stub.Route(router_pb2.RouteRequest(session_id="idle")))
+        assert err.code() == grpc.StatusCode.NOT_FOUND
+        await eventually(lambda: set(read_state(state)["pins"]) == {"busy"}, timeout=3)
+        assert h.server.registry.proxies["m-0"].sessions == {"busy"}
+    finally:
+        await stop_router(h)
+
+
 # -- token, health service, metrics, state ---------------------------------
 
 
