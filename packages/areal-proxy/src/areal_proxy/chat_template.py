@@ -21,6 +21,15 @@ class TemplateError(Exception):
     """The template refused the conversation (raise_exception) or failed to render."""
 
 
+class PromptTooLong(Exception):
+    """The rendered prompt is at least `tokens` tokens, which the context cannot hold (known
+    from its length, before it was tokenized)."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"the prompt is at least {tokens} tokens")
+        self.tokens = tokens
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
@@ -110,8 +119,13 @@ class PromptBuilder:
         *,
         previous_ids: list[int] | None = None,
         previous_messages: int = 0,
+        limit: int = 0,
     ) -> list[int]:
         """Token ids of the prompt.
+
+        `limit` (the context length; 0 = none): a rendered prompt whose length alone shows
+        it has at least that many tokens raises PromptTooLong before it is tokenized
+        (rendering is milliseconds for megabytes; tokenizing them, seconds).
 
         `concat` with a session's previous turn (`previous_ids`: its prompt + answer tokens,
         covering the first `previous_messages` messages) appends only the new messages'
@@ -122,9 +136,11 @@ class PromptBuilder:
             # What the template writes after the previous turn's exact tokens (its end-of-turn
             # marker when the answer stopped on length, the newline after it, the new
             # messages, the generation prompt) is tokenized; the previous tokens are kept.
+            rendered = self.render(messages, tools, extra)
+            self._check(rendered, limit)
             ids = continue_tokens(
                 previous_ids,
-                self.render(messages, tools, extra),
+                rendered,
                 lambda t: self._tok.decode(t, skip_special_tokens=False),
                 self._tok.encode,
             )
@@ -145,4 +161,10 @@ class PromptBuilder:
                     ended = previous_ids[-1] in self._tok.eos_token_ids
                     cut = at + len(eos) if ended else at
                 return [*previous_ids, *self._tok.encode(full[cut:])]
-        return self._tok.encode(self.render(messages, tools, extra))
+        text = self.render(messages, tools, extra)
+        self._check(text, limit)
+        return self._tok.encode(text)
+
+    def _check(self, text: str, limit: int) -> None:
+        if limit > 0 and (n := self._tok.min_tokens(text)) >= limit:
+            raise PromptTooLong(n)

@@ -3,17 +3,20 @@ generate (through GenerationController), and produce response bodies / stream ch
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Executor
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
-from areal_proxy.chat_template import PromptBuilder, TemplateError
+from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError
 from areal_proxy.engine.base import GenerationRequest
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.openai_request import (
@@ -28,9 +31,12 @@ from areal_proxy.output_parsing import collect_events, delta_dicts, make_output_
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_runtime.errors import InvalidRequest
 
 # max_tokens when neither the request nor the model says how long an answer may be.
 FALLBACK_MAX_TOKENS = 4096
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,7 @@ class InferenceHandler:
         prompts: PromptBuilder | None,
         controller: GenerationController,
         recorder: Recorder | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.recorder = recorder
         self.config = config
@@ -66,17 +73,33 @@ class InferenceHandler:
         self.prompts = prompts
         self.controller = controller
         self.context_length = config.context_length or tok.context_length
+        # Where templating and tokenizing run (None: inline, for tests): never on the event
+        # loop, which must keep serving the other requests, health and GetStats while a
+        # prompt of megabytes takes seconds (the tokenizers library releases the GIL while
+        # it encodes, so the loop runs meanwhile).
+        self.executor = executor
+
+    async def _off_loop(self, heavy: bool, fn: Callable[..., _T], /, *args: Any) -> _T:
+        """`fn(*args)` on the executor when `heavy`; a small prompt costs less than the hop."""
+        if self.executor is None or not heavy:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    def _too_long(self, tokens: int, param: str, *, at_least: bool = False) -> InvalidRequest:
+        return bad(
+            f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; "
+            f"this model's context length is {self.context_length}",
+            param,
+            "context_length_exceeded",
+        )
 
     # ---- request preparation -----------------------------------------------------------
 
     def _budget(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         ctx = self.context_length
         if ctx and prompt_len >= ctx:
-            raise bad(
-                f"the prompt is {prompt_len} tokens; this model's context length is {ctx}",
-                prompt_param,
-                "context_length_exceeded",
-            )
+            raise self._too_long(prompt_len, prompt_param)
         budget = (
             requested
             if requested is not None
@@ -119,14 +142,21 @@ class InferenceHandler:
                 req.template_kwargs,
                 previous_ids=ot.previous_ids if ot is not None else None,
                 previous_messages=ot.turn.covered if ot is not None else 0,
+                limit=self.context_length,
             )
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, "messages", at_least=True) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         if req.prompt_ids is not None:
             return req.prompt_ids
-        ids = self.tok.encode(req.prompt_text or "", add_special_tokens=True)
+        text = req.prompt_text or ""
+        ctx = self.context_length
+        if ctx and (n := self.tok.min_tokens(text)) >= ctx:
+            raise self._too_long(n, "prompt", at_least=True)
+        ids = self.tok.encode(text, add_special_tokens=True)
         if not ids:
             raise bad("'prompt' encodes to no tokens", "prompt")
         return ids
@@ -178,10 +208,12 @@ class InferenceHandler:
 
     # ---- chat --------------------------------------------------------------------------
 
-    def _begin(
+    async def _begin(
         self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str
     ) -> OpenTurn | None:
-        return self.recorder.begin(env, messages, rid) if self.recorder is not None else None
+        if self.recorder is None:
+            return None
+        return await self.recorder.begin(env, messages, rid)
 
     async def _commit(
         self,
@@ -201,8 +233,8 @@ class InferenceHandler:
     ) -> tuple[bytes, GenerationRecord]:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
-        ot = self._begin(env, req.messages, rid)
-        prompt = self.chat_prompt(req, ot)
+        ot = await self._begin(env, req.messages, rid)
+        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
@@ -250,8 +282,8 @@ class InferenceHandler:
     ) -> AsyncGenerator[bytes, None]:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
-        ot = self._begin(env, req.messages, rid)
-        prompt = self.chat_prompt(req, ot)
+        ot = await self._begin(env, req.messages, rid)
+        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
@@ -366,8 +398,8 @@ class InferenceHandler:
     ) -> tuple[bytes, GenerationRecord]:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
-        ot = self._begin(env, None, rid)
-        prompt = self.completion_prompt(req)
+        ot = await self._begin(env, None, rid)
+        prompt = await self._off_loop(_heavy(body, ot), self.completion_prompt, req)
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
         rec = self.controller.start(
@@ -408,8 +440,8 @@ class InferenceHandler:
     ) -> AsyncGenerator[bytes, None]:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
-        ot = self._begin(env, None, rid)
-        prompt = self.completion_prompt(req)
+        ot = await self._begin(env, None, rid)
+        prompt = await self._off_loop(_heavy(body, ot), self.completion_prompt, req)
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
         rec = self.controller.start(
@@ -467,6 +499,16 @@ class InferenceHandler:
                 )
         finally:
             self.controller.finish(rec)
+
+
+# Bodies above this are templated and tokenized off the event loop (about 100 us of work
+# below it, the cost of the thread hop itself).
+_INLINE_BODY_BYTES = 16 * 1024
+
+
+def _heavy(body: bytes, ot: OpenTurn | None) -> bool:
+    # A session's turn may continue a long parent (concat decodes all its tokens).
+    return len(body) > _INLINE_BODY_BYTES or (ot is not None and ot.turn.parent is not None)
 
 
 def _assistant(

@@ -37,14 +37,26 @@ class Recorder:
     def __init__(self, book: SessionBook) -> None:
         self.book = book
 
-    def begin(
+    async def begin(
         self, env: Envelope | None, messages: list[dict[str, Any]] | None, interaction_id: str
     ) -> OpenTurn | None:
-        """The open turn of a session request, or None for a request to record nothing."""
+        """The open turn of a session request, or None for a request to record nothing.
+
+        On the recording thread: the key check and the parent lookup read SQLite, and the
+        lineage hashes every message (tens of ms for a body of megabytes)."""
         if env is None or not env.session_id:
             return None
+        return await self.book.call(self._begin, env, messages, interaction_id, time.time())
+
+    def _begin(
+        self,
+        env: Envelope,
+        messages: list[dict[str, Any]] | None,
+        interaction_id: str,
+        started: float,
+    ) -> OpenTurn:
         session = self.book.authorize(env.session_id, env.api_key, for_turn=True)
-        return OpenTurn(self.book.begin_turn(session, messages), interaction_id, time.time())
+        return OpenTurn(self.book.begin_turn(session, messages), interaction_id, started)
 
     async def commit(
         self,
@@ -55,7 +67,20 @@ class Recorder:
         rec: GenerationRecord,
         finish_reason: str,
     ) -> Interaction:
-        now = time.time()
+        # Copying the token lists, packing and inserting them: on the recording thread.
+        return await self.book.call(
+            self._commit, ot, messages, response, rec, finish_reason, time.time()
+        )
+
+    def _commit(
+        self,
+        ot: OpenTurn,
+        messages: list[dict[str, Any]] | str,
+        response: dict[str, Any] | str,
+        rec: GenerationRecord,
+        finish_reason: str,
+        now: float,
+    ) -> Interaction:
         timings = {"total_s": now - ot.started}
         if rec.first_token_at is not None:
             timings["ttft_s"] = rec.first_token_at - rec.created
@@ -79,4 +104,4 @@ class Recorder:
             timings=timings,
             inherited=inherited,
         )
-        return await self.book.record(it)
+        return self.book.record_now(it)

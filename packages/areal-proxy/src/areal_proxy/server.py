@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -62,12 +64,20 @@ class ProxyServer:
             settings.engine, settings.engine_url, settings.request_timeout
         )
         self.controller = GenerationController(self.engine)
+        # Blocking work runs off the event loop that serves streams, health and GetStats:
+        # every SQLite statement on one recording thread (one connection, statements in
+        # order), templating and tokenizing on a small pool (tokenizers release the GIL).
+        self.db_executor = ThreadPoolExecutor(1, thread_name_prefix="areal-proxy-db")
+        self.cpu_executor = ThreadPoolExecutor(
+            min(4, os.cpu_count() or 1), thread_name_prefix="areal-proxy-cpu"
+        )
         self.store = Store(settings.resolved_db_path())
         self.book = SessionBook(
             self.store,
             ttl=settings.session_ttl,
             reward_finish_timeout=settings.set_reward_finish_timeout,
             max_live=settings.max_live_sessions,
+            executor=self.db_executor,
         )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(
@@ -85,6 +95,7 @@ class ProxyServer:
             prompts,
             self.controller,
             Recorder(self.book),
+            executor=self.cpu_executor,
         )
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
@@ -165,11 +176,18 @@ class ProxyServer:
         interval = max(1.0, min(self.settings.session_ttl / 10, 30.0))
         while True:
             await asyncio.sleep(interval)
-            ended = self.book.expire()
-            if ended:
-                log.info(
-                    "%d idle session(s) ended after %gs", len(ended), self.settings.session_ttl
-                )
+            await self.expire_once()
+
+    async def expire_once(self) -> None:
+        """One expiry pass. A failure (a locked or full database, a bug) is logged and the
+        next pass tries again: one error must not end expiry for the life of the process."""
+        try:
+            ended = await self.book.call(self.book.expire)
+        except Exception:
+            log.exception("session expiry failed; retrying in the next pass")
+            return
+        if ended:
+            log.info("%d idle session(s) ended after %gs", len(ended), self.settings.session_ttl)
 
     async def shutdown(self) -> None:
         """Ordered: stop taking work, drain, stop serving, close the engine client."""
@@ -198,6 +216,9 @@ class ProxyServer:
             await asyncio.wait_for(self.controller.wait_background(), 5.0)
         # 5. Close the engine client, then the metrics endpoint.
         await self.engine.close()
+        # The recording thread finishes what it was given before the database closes.
+        self.cpu_executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.db_executor.shutdown, wait=True)
         self.store.close()
         self.metrics.stop()
         log.info("stopped")

@@ -6,9 +6,10 @@ generation.py."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from areal_runtime.errors import (
 )
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
-_EXPORT_ROWS_PER_CHUNK = 256
+_CHUNK_ROWS = 256
 
 log = logging.getLogger(__name__)
 
@@ -365,9 +366,8 @@ class ProxyServicer(
 
     async def _rpc(self, rpc: str, context: Any, action: Callable[[], Any]) -> Any:
         try:
-            result = action()
-            if asyncio.iscoroutine(result):
-                result = await result
+            # Every session action reads or writes SQLite: on the recording thread.
+            result = await self._sessions().call(action)
         except Exception as e:
             err = self._error(e)
             self._count(rpc, str(err.http_status))
@@ -414,25 +414,27 @@ class ProxyServicer(
         try:
             book = self._sessions()
             env = request.envelope if request.HasField("envelope") else None
-            sessions = book.resolve_export(list(request.session_ids), request.group_id)
-            if env is None or not env.is_admin:
-                for s in sessions:
-                    self._acting_on(env, s.session_id, for_turn=False)
-            # proto3 cannot tell 0.0 from unset: the gateway always sends the discount.
-            rows = book.export_rows(sessions, request.style or "individual", request.discount)
-            batch: list[bytes] = []
-            for row in rows:
-                batch.append(orjson.dumps(row) + b"\n")
-                if len(batch) >= _EXPORT_ROWS_PER_CHUNK:
-                    await context.write(
-                        proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch))
-                    )
-                    batch = []
-            if batch:
+
+            def prepare() -> tuple[list[Session], Iterator[dict[str, Any]]]:
+                sessions = book.resolve_export(list(request.session_ids), request.group_id)
+                if env is None or not env.is_admin:
+                    for s in sessions:
+                        self._acting_on(env, s.session_id, for_turn=False)
+                # proto3 cannot tell 0.0 from unset: the gateway always sends the discount.
+                style = request.style or "individual"
+                return sessions, book.export_rows(sessions, style, request.discount)
+
+            def next_chunk(rows: Iterator[dict[str, Any]]) -> list[bytes]:
+                return [orjson.dumps(r) + b"\n" for r in itertools.islice(rows, _CHUNK_ROWS)]
+
+            # Reading the rows, building and serializing them: on the recording thread, one
+            # chunk at a time (other recording work runs between chunks), never on the loop.
+            sessions, rows = await book.call(prepare)
+            while batch := await book.call(next_chunk, rows):
                 await context.write(proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch)))
             # Removal only when asked, and only after every row has been handed over.
             if request.remove_session:
-                book.remove(sessions)
+                await book.call(book.remove, sessions)
         except Exception as e:
             err = self._error(e)
             self._count("ExportTrajectories", str(err.http_status))
@@ -450,7 +452,8 @@ class ProxyServicer(
             version=self.controller.version,
             inflight_requests=len(self.controller.inflight),
             inflight_tokens=self.controller.inflight_tokens,
-            sessions=self.book.store.live_session_count() if self.book is not None else 0,
+            # Kept in memory by the book: a stats poll reads no SQLite and answers at once.
+            sessions=self.book.live_sessions if self.book is not None else 0,
             model=st.model,
             engine_url=st.engine_url,
             detail=detail,

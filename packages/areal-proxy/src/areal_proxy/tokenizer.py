@@ -44,6 +44,61 @@ def _token_content(value: Any) -> str | None:
     return None
 
 
+# How much a normalizer may shorten text, in characters (1: never; NFC composes at most 4
+# characters into one, e.g. Greek alpha with three marks). A normalizer not listed may shorten
+# it without bound (Strip, a Replace by less): no cheap bound is used then.
+_SHRINK = {"Prepend": 1, "ByteLevel": 1, "NFD": 1, "NFKD": 1, "NFC": 4}
+
+
+def _shrink(normalizer: Any) -> int:
+    """Most characters of text one normalized character comes from; 0 if unbounded."""
+    if normalizer is None:
+        return 1
+    if not isinstance(normalizer, dict):
+        return 0
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        out = 1
+        for n in normalizer.get("normalizers") or []:
+            f = _shrink(n)
+            if not f:
+                return 0
+            out *= f
+        return out
+    if kind == "Replace":
+        pattern = (normalizer.get("pattern") or {}).get("String")
+        content = normalizer.get("content")
+        ok = isinstance(pattern, str) and isinstance(content, str) and len(content) >= len(pattern)
+        return 1 if ok else 0
+    return _SHRINK.get(kind, 0) if isinstance(kind, str) else 0
+
+
+def _max_token_chars(tok_json: dict[str, Any]) -> int:
+    """Most characters of the original text one token can stand for, 0 if there is no bound.
+
+    A BPE token stands for its piece (byte-level pieces: one character per byte; every piece
+    is at most its UTF-8 length in bytes, so at most that many characters of normalized text),
+    an added token for its content; times what the normalizer may fold into one character.
+    An unknown run fused into one token (`fuse_unk` without byte fallback), and WordPiece's or
+    Unigram's unknown words, have no bound.
+    """
+    model = tok_json.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict):
+        return 0
+    if model.get("fuse_unk") and not model.get("byte_fallback"):
+        return 0
+    shrink = _shrink(tok_json.get("normalizer"))
+    if not shrink:
+        return 0
+    longest = max((len(p.encode()) for p in vocab), default=0)
+    for t in tok_json.get("added_tokens") or []:
+        content = t.get("content") if isinstance(t, dict) else None
+        if isinstance(content, str):
+            longest = max(longest, len(content.encode()))
+    return longest * shrink
+
+
 def _ids(value: Any) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
@@ -63,6 +118,8 @@ class ModelTokenizer:
     eos_token_ids: list[int]
     context_length: int
     special_ids: frozenset[int]
+    # Most characters one token stands for (0: unknown); see min_tokens.
+    max_token_chars: int = 0
     _byte_level: bool = False
     _byte_fallback: bool = False
     _bytes_cache: dict[int, bytes] = field(default_factory=dict)
@@ -115,12 +172,22 @@ class ModelTokenizer:
             eos_token_ids=eos_ids,
             context_length=ctx if isinstance(ctx, int) and ctx > 0 else 0,
             special_ids=special,
+            max_token_chars=_max_token_chars(tok_json),
             _byte_level="ByteLevel" in kinds,
             _byte_fallback="ByteFallback" in kinds,
         )
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), from its length alone (0 when unknown).
+
+        Costs nothing, where encoding megabytes takes seconds: a prompt that cannot fit the
+        context is refused before it is tokenized."""
+        if not self.max_token_chars:
+            return 0
+        return -(-len(text) // self.max_token_chars)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

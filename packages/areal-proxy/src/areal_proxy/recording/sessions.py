@@ -3,16 +3,25 @@
 Live sessions keep a small in-memory state (the lineage index, the next turn
 number) in an LRU bounded by `max_live`; anything evicted is reloaded from
 the store on its next use, so memory stays bounded while nothing is lost.
+
+Every method is synchronous and touches SQLite; the proxy runs them through `call`, on
+one dedicated thread (`executor`), never on the event loop that serves streams, health and
+GetStats: a slow statement (a big row, a busy disk) then delays only other recording work.
+One thread also keeps the one connection's transactions in order (two threads interleaving
+BEGIN/COMMIT on a connection would mix their statements), and makes each method atomic with
+respect to the others, so a turn's seq assignment and insert need no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
@@ -28,14 +37,14 @@ from areal_runtime.errors import (
 )
 from areal_runtime.session_keys import key_hash, key_matches, new_id
 
+_T = TypeVar("_T")
+
 
 @dataclass(slots=True)
 class _Live:
     lineage: Lineage
+    # Turns of one session are recorded in the order they finish (`record` assigns it).
     next_seq: int
-    # Turns of one session are recorded in the order they finish; the lock
-    # makes the seq assignment and the insert one step.
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass(slots=True)
@@ -56,12 +65,27 @@ class SessionBook:
         ttl: float = 3600.0,
         reward_finish_timeout: float = 0.0,
         max_live: int = 10_000,
+        executor: Executor | None = None,
     ) -> None:
         self.store = store
         self.ttl = ttl
         self.reward_finish_timeout = reward_finish_timeout
         self.max_live = max_live
+        self.executor = executor
         self._live: OrderedDict[str, _Live] = OrderedDict()
+        # Sessions not ended, for GetStats: kept here so a stats poll reads no SQLite (it
+        # must answer at once, whatever the recording thread is doing).
+        self.live_sessions = store.live_session_count()
+
+    async def call(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """`fn(*args, **kwargs)` on the recording thread (inline when there is none)."""
+        if self.executor is None:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def _count_live(self) -> None:
+        self.live_sessions = self.store.live_session_count()
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -74,17 +98,22 @@ class SessionBook:
             )
         except Exception as e:  # sqlite3.IntegrityError: an id reused
             raise SessionExists(f"session already exists: {e}") from e
+        self._count_live()
 
     def end(self, session_ids: list[str]) -> int:
         for sid in session_ids:
             self._live.pop(sid, None)
-        return self.store.end_sessions(session_ids)
+        ended = self.store.end_sessions(session_ids)
+        self._count_live()
+        return ended
 
     def expire(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
         ids = self.store.expire_idle(now - self.ttl, now)
         for sid in ids:
             self._live.pop(sid, None)
+        if ids:
+            self._count_live()
         return ids
 
     @property
@@ -143,15 +172,18 @@ class SessionBook:
 
     async def record(self, it: Interaction) -> Interaction:
         """Commit a finished interaction; returns it with its id and turn number."""
+        return await self.call(self.record_now, it)
+
+    def record_now(self, it: Interaction) -> Interaction:
         live = self._state(it.session_id)
-        async with live.lock:
-            it.seq = live.next_seq
-            if not it.interaction_id:
-                it.interaction_id = new_id("int")
-            self.store.add_interaction(it)
-            live.next_seq += 1
-            if isinstance(it.messages, list) and isinstance(it.response, dict):
-                live.lineage.add(it.interaction_id, it.messages, it.response)
+        it.seq = live.next_seq
+        if not it.interaction_id:
+            it.interaction_id = new_id("int")
+        self.store.add_interaction(it)
+        # Only once it is committed: a failed insert (disk full) leaves the state as it was.
+        live.next_seq += 1
+        if isinstance(it.messages, list) and isinstance(it.response, dict):
+            live.lineage.add(it.interaction_id, it.messages, it.response)
         return it
 
     # -- rewards and export -------------------------------------------------
@@ -209,3 +241,4 @@ class SessionBook:
         for sid in ids:
             self._live.pop(sid, None)
         self.store.delete_sessions(ids)
+        self._count_live()

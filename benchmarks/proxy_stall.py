@@ -1,0 +1,224 @@
+"""Does one huge request stall a data proxy? Small-request latency beside 7 MB prompts.
+
+    uv run python benchmarks/proxy_stall.py [--big-mb 7] [--big 3] [--quiet-s 8] \
+        [--loaded-s 20] [--context-lengths 0,1000000]
+
+A real router, gateway and one data proxy (through tests/e2e/stack.py, the code the CLI uses
+to spawn components) in front of the *zero-cost fake engine* (benchmarks/fake_engine.py), so
+everything measured is areal's own. Per scenario (one proxy `--context-length` each; 0 = the
+model's 2048):
+
+1. quiet: small chats (admin key, "Hi", 16 tokens) one at a time through the gateway for
+   `--quiet-s`, their p50/p99/max;
+2. loaded: the same small chats while `--big` requests, each a chat body of `--big-mb` MB
+   (one user message of random words, under the gateway's 8 MiB limit) with a session key,
+   run concurrently and again as each finishes, for at least `--loaded-s` and until each was
+   answered once.
+
+Meanwhile the router's view of the proxy (`GET /admin/workers`) is read every 0.2 s: the
+`unhealthy` column counts reads that saw it other than HEALTHY. With the model's 2048-token
+context a 7 MB prompt cannot fit and should be refused at once; with `--context-length
+1000000` no cheap bound can refuse it (7 M characters / 13 bytes at most per token of this
+vocabulary is ~540 k tokens), so it is tokenized in full (5.8 M tokens) before it is refused:
+that is the CPU-heavy work that must not run on the loop that serves the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
+
+from areal_cli import supervisor  # noqa: E402
+
+SMALL = orjson.dumps(
+    {"model": "tiny-parrot", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
+)
+
+
+def big_body(mb: float) -> bytes:
+    rnd = random.Random(0)
+    words = ["".join(rnd.choices(string.ascii_lowercase, k=rnd.randint(2, 9))) for _ in range(5000)]
+    n = int(mb * 1_000_000)
+    text = " ".join(rnd.choices(words, k=n // 5))[: n - 100]
+    return orjson.dumps(
+        {
+            "model": "tiny-parrot",
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 16,
+        }
+    )
+
+
+def _q(lat: list[float]) -> tuple[float, float, float]:
+    if not lat:
+        return (0.0, 0.0, 0.0)
+    if len(lat) == 1:
+        return (lat[0], lat[0], lat[0])
+    q = statistics.quantiles(lat, n=100, method="inclusive")
+    return (q[49] * 1e3, q[98] * 1e3, max(lat) * 1e3)
+
+
+async def phase(
+    gateway: str, seconds: float, keys: list[str], big: bytes | None
+) -> dict[str, object]:
+    """Small chats one at a time for `seconds` (and, with `big`, until each key's big request
+    was answered once), the router's health reads, the big requests' outcomes."""
+    small_lat: list[float] = []
+    small_err = 0
+    unhealthy = 0
+    reads = 0
+    bigs: list[tuple[int, float, str]] = []
+    stop = asyncio.Event()
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+
+        async def small() -> None:
+            nonlocal small_err
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                async with http.post(
+                    gateway + "/v1/chat/completions", data=SMALL, headers=admin
+                ) as r:
+                    await r.read()
+                    if r.status != 200:
+                        small_err += 1
+                        continue
+                small_lat.append(time.perf_counter() - t0)
+
+        async def poll() -> None:
+            nonlocal unhealthy, reads
+            while not stop.is_set():
+                async with http.get(gateway + "/admin/workers", headers=admin) as r:
+                    ws = (await r.json())["workers"]
+                reads += 1
+                if any("UNHEALTHY" in str(w.get("health", "")).upper() for w in ws) or not ws:
+                    unhealthy += 1
+                await asyncio.sleep(0.2)
+
+        async def heavy(key: str, done: asyncio.Event) -> None:
+            headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                async with http.post(
+                    gateway + "/v1/chat/completions", data=big, headers=headers
+                ) as r:
+                    text = await r.read()
+                    code = ""
+                    if r.status != 200:
+                        code = (orjson.loads(text).get("error") or {}).get("code") or ""
+                    bigs.append((r.status, time.perf_counter() - t0, code))
+                done.set()
+
+        dones = [asyncio.Event() for _ in keys] if big is not None else []
+        tasks = [asyncio.ensure_future(small()), asyncio.ensure_future(poll())]
+        tasks += [asyncio.ensure_future(heavy(k, d)) for k, d in zip(keys, dones, strict=True)]
+        await asyncio.sleep(seconds)
+        for d in dones:
+            await d.wait()
+        stop.set()
+        await asyncio.gather(*tasks)
+    p50, p99, mx = _q(small_lat)
+    return {
+        "n": len(small_lat),
+        "err": small_err,
+        "p50": p50,
+        "p99": p99,
+        "max": mx,
+        "unhealthy": unhealthy,
+        "reads": reads,
+        "bigs": bigs,
+    }
+
+
+def scenario(tmp: Path, engine_url: str, ctx: int, args: argparse.Namespace, big: bytes) -> list:
+    proxy_args = ["--log-level", "warning"]
+    if ctx:
+        proxy_args += ["--context-length", str(ctx)]
+    stack = start_stack(
+        tmp / f"ctx{ctx}",
+        engine_url,
+        ROOT / "models" / "tiny-parrot",
+        n_proxies=1,
+        gateway_args=["--log-level", "warning"],
+        proxy_args=proxy_args,
+        router_args=["--log-level", "warning"],
+    )
+    try:
+        with stack.admin() as c:
+            g = c.post(
+                "/rl/start_session", json={"task_id": "stall", "group_size": args.big}
+            ).json()
+        keys = [s["session_api_key"] for s in g["sessions"]]
+        quiet = asyncio.run(phase(stack.gateway_url, args.quiet_s, [], None))
+        loaded = asyncio.run(phase(stack.gateway_url, args.loaded_s, keys, big))
+        return [quiet, loaded]
+    finally:
+        stack.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--big-mb", type=float, default=7.0)
+    ap.add_argument("--big", type=int, default=3, help="concurrent big requests")
+    ap.add_argument("--quiet-s", type=float, default=8.0)
+    ap.add_argument("--loaded-s", type=float, default=20.0)
+    ap.add_argument("--context-lengths", default="0,1000000")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="areal-stall-"))
+    engine = launch(
+        "fake-engine", [sys.executable, str(ROOT / "benchmarks" / "fake_engine.py")], tmp, {}
+    )
+    engine_url = f"http://127.0.0.1:{engine.info['port']}"
+    big = big_body(args.big_mb)
+    results = []
+    try:
+        for ctx in (int(x) for x in args.context_lengths.split(",")):
+            results.append((ctx, scenario(tmp, engine_url, ctx, args, big)))
+    finally:
+        supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
+    print(
+        f"\nsmall chats (c=1, through gateway -> one proxy, zero-cost fake engine) beside "
+        f"{args.big} concurrent {len(big) / 1e6:.1f} MB session-key chats; latencies in ms"
+    )
+    hdr = (
+        f"{'context':>9} {'phase':<7} | {'n':>5} {'err':>4} {'p50':>8} {'p99':>8} {'max':>8} | "
+        f"{'unhealthy':>9} | big requests: status x count (mean s, code)"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for ctx, (quiet, loaded) in results:
+        for name, r in (("quiet", quiet), ("loaded", loaded)):
+            by: dict[tuple[int, str], list[float]] = {}
+            for status, secs, code in r["bigs"]:  # type: ignore[attr-defined]
+                by.setdefault((status, code), []).append(secs)
+            bigs = ", ".join(
+                f"{s} x{len(v)} ({statistics.mean(v):.2f} s{', ' + c if c else ''})"
+                for (s, c), v in sorted(by.items())
+            )
+            print(
+                f"{ctx or 2048:>9} {name:<7} | {r['n']:>5} {r['err']:>4} {r['p50']:>8.2f} "
+                f"{r['p99']:>8.2f} {r['max']:>8.1f} | {r['unhealthy']:>4}/{r['reads']:<4} | {bigs}"
+            )
+        ratio = loaded["p99"] / quiet["p99"] if quiet["p99"] else 0.0
+        print(f"{'':>9} loaded p99 / quiet p99 = {ratio:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""One request must never stall the proxy: heavy prompts, slow SQLite and expiry failures
+through the real ProxyServer (gRPC on loopback) and a fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+
+import grpc
+import pytest
+from proxy_fakes import EOS, FakeEngineClient, error_detail, request, start, wait_for
+
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_runtime.session_keys import mint_key, new_id
+
+
+async def _session(h):
+    sid = new_id("sess")
+    key = mint_key(sid)
+    await h.stub.StartSessions(
+        proxy_pb2.StartSessionsRequest(
+            task_id="t",
+            group_id=new_id("grp"),
+            sessions=[proxy_pb2.SessionCredentials(session_id=sid, session_api_key=key)],
+        )
+    )
+    return sid, key
+
+
+def _stats_probe(h, entered: threading.Event) -> tuple[asyncio.Future[float], threading.Event]:
+    """Seconds one GetStats takes once `entered` is set, timed from a thread of its own with
+    its own channel (timed on the test's loop, a blocked server loop would block the timer
+    too: client and server share it)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{h.server.port}")
+    stub = proxy_pb2_grpc.ProxyStatusServiceStub(channel)
+
+    def probe() -> float:
+        try:
+            stub.GetStats(proxy_pb2.GetStatsRequest(), timeout=10)  # connected before
+            ready.set()
+            entered.wait(10)
+            t0 = time.perf_counter()
+            stub.GetStats(proxy_pb2.GetStatsRequest(), timeout=10)
+            return time.perf_counter() - t0
+        finally:
+            channel.close()
+
+    ready = threading.Event()
+    fut = asyncio.get_running_loop().run_in_executor(None, probe)
+    return fut, ready
+
+
+def _slow(fn, seconds, entered):
+    """`fn`, preceded by a sleep that holds no GIL (as tokenizers' encode or SQLite do)."""
+
+    def slow(*args, **kwargs):
+        entered.set()
+        time.sleep(seconds)
+        return fn(*args, **kwargs)
+
+    return slow
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized():
+    h = await start(FakeEngineClient([5, EOS]))
+    try:
+        calls = []
+        encode = h.tok.encode
+        h.tok.encode = lambda text, **kw: calls.append(len(text)) or encode(text, **kw)
+        ctx = h.tok.context_length
+        # 13 characters at most per token of this vocabulary: this many cannot fit 2048.
+        text = "ab " * (13 * ctx // 3 + 10)
+        for rpc, body, param in (
+            (h.stub.ChatCompletion, {"messages": [{"role": "user", "content": text}]}, "messages"),
+            (h.stub.Completion, {"prompt": text}, "prompt"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await rpc(request(body))
+            d = error_detail(info.value)
+            assert (d.http_status, d.code, d.param) == (400, "context_length_exceeded", param)
+            assert f"context length is {ctx}" in d.message and "at least" in d.message
+        assert calls == [], "the prompt was tokenized although its length alone rules it out"
+        # A prompt the bound cannot rule out is tokenized, and still refused when too long.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await h.stub.Completion(request({"prompt": "ab " * (ctx + 5)}))
+        assert error_detail(info.value).code == "context_length_exceeded"
+        assert calls, "a prompt within the bound is tokenized"
+        assert h.engine.requests == []
+    finally:
+        await h.close()
+
+
+async def test_stats_and_small_chats_answer_while_a_big_prompt_is_tokenized():
+    # A context that holds a 25 kB prompt (10 k tokens of this vocabulary).
+    h = await start(FakeEngineClient([5, EOS]), context_length=100_000)
+    try:
+        entered = threading.Event()
+        h.tok.encode = _slow(h.tok.encode, 1.5, entered)
+        big = {"messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 2}
+        stats, ready = _stats_probe(h, entered)
+        await wait_for(ready.is_set)
+        task = asyncio.ensure_future(h.chat(big))
+        await wait_for(entered.is_set)
+        assert await stats < 0.5, "GetStats waited for the tokenizer"
+        # A small chat is tokenized inline (cheaper than a thread hop): the encode spy delays
+        # it too, so it goes through the completion path with token ids.
+        t0 = time.perf_counter()
+        await h.completion({"prompt": [1, 2, 3], "max_tokens": 2})
+        assert time.perf_counter() - t0 < 0.5
+        assert not task.done()
+        r = await task
+        assert r["choices"][0]["finish_reason"]
+    finally:
+        await h.close()
+
+
+async def test_stats_answer_while_sqlite_is_slow():
+    h = await start(FakeEngineClient([5, EOS]))
+    try:
+        sid, key = await _session(h)
+        entered = threading.Event()
+        store = h.server.store
+        store.session = _slow(store.session, 1.5, entered)
+        msgs = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        stats, ready = _stats_probe(h, entered)
+        await wait_for(ready.is_set)
+        task = asyncio.ensure_future(h.chat(msgs, api_key=key, session_id=sid))
+        await wait_for(entered.is_set, within=5)
+        assert await stats < 0.5, "GetStats waited for SQLite"
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
+        assert stats.sessions == 1
+        await task
+        assert store.interaction_count() == 1
+    finally:
+        await h.close()
+
+
+async def test_session_expiry_survives_a_failing_pass(caplog):
+    h = await start(FakeEngineClient([5, EOS]), session_ttl=1.0)
+    try:
+        sid, _ = await _session(h)
+        book = h.server.book
+        expire = book.expire
+        failures = []
+
+        def flaky(now=None):
+            if not failures:
+                failures.append(1)
+                raise sqlite3.OperationalError("database is locked")
+            return expire(now)
+
+        book.expire = flaky
+        with caplog.at_level(logging.ERROR, logger="areal_proxy"):
+            # Passes run every second: the first fails, a later one ends the idle session.
+            await wait_for(lambda: h.server.store.live_session_count() == 0, within=6.0)
+        assert failures and h.server.store.session(sid).ended_at is not None
+        assert not h.server._expiry_task.done()
+        assert "session expiry failed" in caplog.text
+    finally:
+        await h.close()
