@@ -31,8 +31,9 @@ The hierarchy (status, OpenAI `type`, default `code`; `-` = none, sent as null):
     │   ├── NoHealthyReplica      503  service_unavailable    no_healthy_replica
     │   │                              (also no_healthy_proxy, no_healthy_pair)
     │   └── UpstreamUnavailable   503  service_unavailable    upstream_unavailable
-    └── DeadlineExceeded          504  timeout_error          deadline_exceeded
-        └── UpstreamTimeout       504  timeout_error          upstream_timeout
+    ├── DeadlineExceeded          504  timeout_error          deadline_exceeded
+    │   └── UpstreamTimeout       504  timeout_error          upstream_timeout
+    └── StorageFull               507  storage_error          storage_full
 
 A class is built from a message alone (`Draining("this proxy is draining")`), with an optional
 `param` and, for a more precise reason under the same meaning, a `code` (`NotFound(...,
@@ -65,6 +66,7 @@ _TO_GRPC = {
     499: grpc.StatusCode.CANCELLED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 _TO_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -327,6 +329,16 @@ class UpstreamTimeout(DeadlineExceeded):
     codes = ("upstream_timeout",)
 
 
+class StorageFull(_Typed):
+    """This service's disk (or database) is full: nothing was written, and the same request
+    succeeds once space is freed. 507 Insufficient Storage, not a 5xx that reads as a bug."""
+
+    http_status = 507
+    type = "storage_error"
+    code = "storage_full"
+    codes = ("storage_full",)
+
+
 # Every class above, for rebuilding from the wire and for the tests.
 ERROR_CLASSES: tuple[type[_Typed], ...] = (
     InvalidRequest,
@@ -352,6 +364,7 @@ ERROR_CLASSES: tuple[type[_Typed], ...] = (
     UpstreamUnavailable,
     DeadlineExceeded,
     UpstreamTimeout,
+    StorageFull,
 )
 _BY_CODE = {code: cls for cls in ERROR_CLASSES for code in cls.codes}
 # The status classes: the first class listed for a status is the general one.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -96,7 +97,7 @@ class SessionBook:
                 Session(sid, group_id, task_id, key_hash(key), model, now, now)
                 for sid, key in creds
             )
-        except Exception as e:  # sqlite3.IntegrityError: an id reused
+        except sqlite3.IntegrityError as e:  # an id reused; any other failure is not that
             raise SessionExists(f"session already exists: {e}") from e
         self._count_live()
 

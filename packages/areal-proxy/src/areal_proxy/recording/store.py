@@ -8,6 +8,7 @@ Token arrays are stored packed (int32 ids and versions, float64 logprobs).
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from array import array
@@ -18,6 +19,9 @@ from typing import Any
 import orjson
 
 from areal_proxy.recording.model import Interaction, Session
+from areal_runtime.errors import StorageFull
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -276,15 +280,58 @@ class Store:
     # -- helpers ------------------------------------------------------------
 
     def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path)
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """SQLite's "database or disk is full": the filesystem had no room (ENOSPC on a write of
+    the database or its WAL; the shared-memory file could not grow), or max_page_count."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "disk is full" in str(exc)
+    return code & 0xFF == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR_SHMSIZE
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any failure; a full disk is StorageFull (the
+    transaction wrote nothing, and the same write succeeds once there is space again)."""
+
+    def __init__(self, db: sqlite3.Connection, path: str) -> None:
         self._db = db
+        self._path = path
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error as e:
+                exc = e
+        # SQLite may have rolled the transaction back itself (it does on SQLITE_FULL), and a
+        # ROLLBACK with none open would raise and hide the real error.
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error as e:  # the original error is the one that matters
+                log.warning("rollback after %r failed: %r", exc, e)
+        translated = self._translate(exc)
+        if translated is not exc:
+            raise translated from exc
+        if exc_type is None:  # COMMIT itself failed
+            raise exc
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        if _out_of_space(exc):
+            return StorageFull(
+                f"the proxy's session storage is full ({self._path}: {exc}); nothing was "
+                "written: free space and retry"
+            )
+        return exc
