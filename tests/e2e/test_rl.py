@@ -193,8 +193,15 @@ def _groups_spread(concat_stack):
         )
 
 
+def pinned(stack) -> int:
+    """Sessions (and group pins) the router has pinned, over every proxy."""
+    return sum(int(w.get("sessions", 0)) for w in workers(stack))
+
+
 def test_session_keys_and_bad_payloads(concat_stack):
+    pins_before = pinned(concat_stack)
     g = start_group(concat_stack, 2)
+    assert pinned(concat_stack) == pins_before + 3  # the group pin and its two sessions
     (a, b) = g["sessions"]
     with as_key(concat_stack, a["session_api_key"]) as c:
         cases = [
@@ -245,6 +252,8 @@ def test_session_keys_and_bad_payloads(concat_stack):
         assert (
             c.post("/rl/export_trajectories", json={"group_id": g["group_id"]}).status_code == 404
         )
+    # The router's pins went with the group: the group pin and both sessions'.
+    assert pinned(concat_stack) == pins_before
 
 
 def test_export_streams_jsonl(concat_stack):
@@ -411,6 +420,8 @@ async def test_thousand_sessions_three_turns_bounded_memory(sglang_engine, tmp_p
                 assert len(rows) == 150 and {len(rw["interaction_ids"]) for rw in rows} == {1}
                 total += len(rows)
         assert total == 3000
+        # Removed with their groups, the sessions hold no pin on the router any more.
+        assert pinned(s) == 0
         print(
             f"\n1000 sessions x 3 turns in {took:.1f}s; proxy RSS {rss_before:.0f} MB -> {rss_after:.0f} MB"
         )

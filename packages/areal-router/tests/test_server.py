@@ -360,6 +360,14 @@ async def test_sessions_bind_route_fail_fast_and_release(router: Harness):
     assert released.released == 3
     assert router.server.registry.pins == {}
     assert await router.route("m", session_id="h-0") == "m-1"  # unpinned: routed by policy
+    # A group (its pin first, as the gateway binds it) ends with its pin.
+    await router.stub.BindSession(
+        router_pb2.BindSessionRequest(session_ids=["group:x", "x-0", "x-1"], model="m")
+    )
+    released = await router.stub.ReleaseSession(
+        router_pb2.ReleaseSessionRequest(session_ids=["group:x"], with_bound=True)
+    )
+    assert released.released == 3 and router.server.registry.pins == {}
 
 
 async def test_session_affinity_pins_unknown_sessions():

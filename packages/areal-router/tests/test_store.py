@@ -285,3 +285,38 @@ def test_pin_ttl_flag():
     assert parse(["--pin-ttl", "0"]).pin_ttl == 0.0
     with pytest.raises(ValueError):
         RouterSettings(pin_ttl=-1)
+
+
+# -- a group's pins end together -------------------------------------------------
+
+
+async def test_releasing_a_group_pin_with_bound_releases_its_sessions_after_a_restart(tmp_path):
+    path = tmp_path / "state.db"
+    reg = Registry()
+    store = StateStore(path, reg)
+    store.load()
+    p, _ = reg.upsert_proxy("p0", "127.0.0.1:1", "m")
+    q, _ = reg.upsert_proxy("p1", "127.0.0.1:2", "m")
+    reg.pin(["group:g", "a", "b", "c"], p)
+    reg.pin(["group:h", "d"], p)
+    reg.pin(["c"], q)  # bound again since: no longer the group's
+    await store.close()
+    assert read_state(path)["bound_by"] == {
+        "group:g": "group:g",
+        "a": "group:g",
+        "b": "group:g",
+        "group:h": "group:h",
+        "d": "group:h",
+    }
+    again = Registry()
+    store = StateStore(path, again)
+    store.load()
+    assert again.unpin(["a"], with_bound=True) == 1  # not the bind's first id: only itself
+    assert again.unpin(["group:g"], with_bound=True) == 2  # the group pin and b
+    assert again.pins == {"c": "p1", "group:h": "p0", "d": "p0"}
+    assert again.unpin(["group:h"]) == 1  # without with_bound: only the group pin
+    assert again.unpin(["group:h"], with_bound=True) == 1  # its sessions still go with it
+    assert again.pins == {"c": "p1"} and again.bundles == {}
+    await store.flush()
+    assert read_state(path)["pins"] == {"c": "p1"}
+    await store.close()

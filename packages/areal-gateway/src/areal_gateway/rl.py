@@ -246,7 +246,11 @@ async def export_trajectories(
         if remove:
             pins = [*session_ids, *([group_pin(group_id)] if group_id else [])]
             if pins:
-                await gw.router.release_sessions(pins)
+                # A whole group was removed: its sessions' pins go with the group pin (they
+                # were bound with it; the body names none of them). A part of a group: only
+                # the sessions named.
+                whole_group = bool(group_id) and not session_ids
+                await gw.router.release_sessions(pins, with_bound=whole_group)
 
     wants_lines = body.format == "jsonl" or _NDJSON in request.headers.get("accept", "")
     if not wants_lines:

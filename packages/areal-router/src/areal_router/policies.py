@@ -352,8 +352,8 @@ class Router:
         self.registry.note_chosen(proxy, routed=False)
         return proxy
 
-    def release(self, session_ids: Sequence[str]) -> int:
-        return self.registry.unpin(session_ids)
+    def release(self, session_ids: Sequence[str], *, with_bound: bool = False) -> int:
+        return self.registry.unpin(session_ids, with_bound=with_bound)
 
     def forget_proxies(self, proxy_ids: Sequence[str]) -> None:
         for pid in proxy_ids:

@@ -152,6 +152,11 @@ class Registry:
         # late by at most this much (1% of the TTL, at most 10 minutes).
         self.touch_granularity = min(self.pin_ttl / 100, 600.0)
         self.clock = clock
+        # Pins made together by one bind of several ids (a group pin, then its sessions):
+        # session id -> the bind's first id, and first id -> the ids it still pins.
+        # `unpin(..., with_bound=True)` of a first id ends the whole group.
+        self.bound_by: dict[str, str] = {}
+        self.bundles: dict[str, set[str]] = {}
         self.dirty_models: set[str] = set()
         self.dirty_proxies: set[str] = set()
         self.dirty_pins: set[str] = set()
@@ -281,6 +286,7 @@ class Registry:
         for sid in state.sessions:
             self.pins.pop(sid, None)
             self.pin_used.pop(sid, None)
+            self._unbundle(sid)
         self.dirty_pins.update(state.sessions)
         state.sessions.clear()
         m = self.models.get(state.model)
@@ -369,7 +375,13 @@ class Registry:
 
     def pin(self, session_ids: Iterable[str], proxy: ProxyState) -> None:
         now = self.clock()
-        for sid in session_ids:
+        ids = list(session_ids)
+        head = ids[0] if len(ids) > 1 else ""
+        for sid in ids:
+            self._unbundle(sid)
+            if head:
+                self.bound_by[sid] = head
+                self.bundles.setdefault(head, set()).add(sid)
             prev = self.pins.get(sid)
             if prev is not None and prev != proxy.proxy_id:
                 old = self.proxies.get(prev)
@@ -382,14 +394,20 @@ class Registry:
             self.dirty_pins.add(sid)
         self.generation += 1
 
-    def unpin(self, session_ids: Iterable[str]) -> int:
+    def unpin(self, session_ids: Iterable[str], *, with_bound: bool = False) -> int:
+        """Release pins; with `with_bound`, also those a listed id's bind made with it when
+        that id came first (a group pin's sessions), while that bind still pins them."""
+        ids = list(session_ids)
+        if with_bound:
+            ids += [sid for head in ids for sid in self.bundles.get(head, ())]
         released = 0
-        for sid in session_ids:
+        for sid in ids:
             pid = self.pins.pop(sid, None)
             if pid is None:
                 continue
             released += 1
             self.pin_used.pop(sid, None)
+            self._unbundle(sid)
             self.dirty_pins.add(sid)
             p = self.proxies.get(pid)
             if p is not None:
@@ -397,6 +415,16 @@ class Registry:
         if released:
             self.generation += 1
         return released
+
+    def _unbundle(self, session_id: str) -> None:
+        head = self.bound_by.pop(session_id, None)
+        if head is None:
+            return
+        members = self.bundles.get(head)
+        if members is not None:
+            members.discard(session_id)
+            if not members:
+                del self.bundles[head]
 
     def touch(self, session_id: str) -> None:
         """The pinned session was used: its TTL starts over (O(1)). The new time is written
@@ -455,16 +483,19 @@ class Registry:
         self,
         models: Iterable[dict[str, Any]],
         proxies: Iterable[dict[str, Any]],
-        pins: Iterable[tuple[str, str, float]],
+        pins: Iterable[tuple[str, str, float] | tuple[str, str, float, str]],
     ) -> None:
         """Replace the registry's content: model and proxy documents (`to_json()` of each,
-        a proxy's with its `seq`; proxies in registration order) and (session, proxy, last use) pins. Rows that no
-        longer fit (a proxy of an external model, a pin of an unknown proxy) are dropped and
-        marked dirty, so the next write removes them from the store as well."""
+        a proxy's with its `seq`; proxies in registration order) and (session, proxy, last
+        use[, first id of its bind]) pins. Rows that no longer fit (a proxy of an external
+        model, a pin of an unknown proxy) are dropped and marked dirty, so the next write
+        removes them from the store as well."""
         self.models.clear()
         self.proxies.clear()
         self.pins.clear()
         self.pin_used.clear()
+        self.bound_by.clear()
+        self.bundles.clear()
         for m in models:
             self.models[m["name"]] = ModelState(
                 name=m["name"],
@@ -499,7 +530,8 @@ class Registry:
             )
             model.proxy_ids.append(p["proxy_id"])
         # Least recently used first, as `pin` keeps them.
-        for sid, pid, used in sorted(pins, key=lambda row: row[2]):
+        for row in sorted(pins, key=lambda row: row[2]):
+            sid, pid, used = row[0], row[1], row[2]
             proxy = self.proxies.get(pid)
             if proxy is None:
                 self.dirty_pins.add(sid)
@@ -507,6 +539,10 @@ class Registry:
             self.pins[sid] = pid
             self.pin_used[sid] = float(used)
             proxy.sessions.add(sid)
+            head = row[3] if len(row) > 3 else ""
+            if head:
+                self.bound_by[sid] = head
+                self.bundles.setdefault(head, set()).add(sid)
         self.generation += 1
 
     def mark_all_dirty(self) -> None:

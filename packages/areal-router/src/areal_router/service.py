@@ -233,7 +233,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     async def ReleaseSession(
         self, request: router_pb2.ReleaseSessionRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ReleaseSessionResponse:
-        released = self.router.release(request.session_ids)
+        released = self.router.release(request.session_ids, with_bound=request.with_bound)
         if released:
             await self._changed()
         return router_pb2.ReleaseSessionResponse(released=released)

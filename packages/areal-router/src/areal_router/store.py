@@ -49,7 +49,10 @@ CREATE TABLE IF NOT EXISTS proxies (
     proxy_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, doc TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS pins (
-    session_id TEXT PRIMARY KEY, proxy_id TEXT NOT NULL, used_at REAL NOT NULL
+    session_id TEXT PRIMARY KEY,
+    proxy_id TEXT NOT NULL,
+    used_at REAL NOT NULL,
+    bound_by TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
 """
 
@@ -61,7 +64,7 @@ class Batch:
 
     models: dict[str, str | None] = field(default_factory=dict)
     proxies: dict[str, tuple[int, str] | None] = field(default_factory=dict)
-    pins: dict[str, tuple[str, float] | None] = field(default_factory=dict)
+    pins: dict[str, tuple[str, float, str] | None] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.models) + len(self.proxies) + len(self.pins)
@@ -135,7 +138,8 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> None:
         deletes = [(k,) for k, v in batch.pins.items() if v is None]
         if pins:
             db.executemany(
-                "INSERT OR REPLACE INTO pins (session_id, proxy_id, used_at) VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO pins (session_id, proxy_id, used_at, bound_by)"
+                " VALUES (?, ?, ?, ?)",
                 pins,
             )
         if deletes:
@@ -211,7 +215,7 @@ class StateStore:
         proxies: list[dict[str, Any]] = []
         for seq, doc in db.execute("SELECT seq, doc FROM proxies ORDER BY seq"):
             proxies.append({**json.loads(doc), "seq": seq})
-        pins = db.execute("SELECT session_id, proxy_id, used_at FROM pins").fetchall()
+        pins = db.execute("SELECT session_id, proxy_id, used_at, bound_by FROM pins").fetchall()
         self.registry.load_rows(models, proxies, pins)
 
     def _migrate_json(self) -> None:
@@ -269,7 +273,9 @@ class StateStore:
             batch.proxies[pid] = (p.seq, json.dumps(p.to_json(), sort_keys=True)) if p else None
         for sid in reg.dirty_pins:
             owner = reg.pins.get(sid)
-            batch.pins[sid] = (owner, reg.pin_used[sid]) if owner is not None else None
+            batch.pins[sid] = (
+                (owner, reg.pin_used[sid], reg.bound_by.get(sid, "")) if owner is not None else None
+            )
         reg.dirty_models.clear()
         reg.dirty_proxies.clear()
         reg.dirty_pins.clear()
@@ -356,12 +362,17 @@ def read_state(path: str | Path) -> dict[str, Any]:
     try:
         models = [json.loads(doc) for (doc,) in db.execute("SELECT doc FROM models ORDER BY name")]
         proxies = [json.loads(doc) for (doc,) in db.execute("SELECT doc FROM proxies ORDER BY seq")]
-        rows = db.execute("SELECT session_id, proxy_id, used_at FROM pins ORDER BY session_id")
+        rows = db.execute(
+            "SELECT session_id, proxy_id, used_at, bound_by FROM pins ORDER BY session_id"
+        )
         pins: dict[str, str] = {}
         used: dict[str, float] = {}
-        for sid, pid, at in rows:
+        bound: dict[str, str] = {}
+        for sid, pid, at, head in rows:
             pins[sid] = pid
             used[sid] = at
+            if head:
+                bound[sid] = head
     finally:
         db.close()
     return {
@@ -370,4 +381,5 @@ def read_state(path: str | Path) -> dict[str, Any]:
         "proxies": proxies,
         "pins": pins,
         "pin_used": used,
+        "bound_by": bound,
     }

@@ -106,8 +106,12 @@ class RouterClient:
         req = router_pb2.BindSessionRequest(session_ids=list(session_ids), model=model, kind=kind)  # type: ignore[arg-type]
         return await self._call(self._stub.BindSession, req)
 
-    async def release_sessions(self, session_ids: Sequence[str]) -> int:
-        req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids))
+    async def release_sessions(
+        self, session_ids: Sequence[str], *, with_bound: bool = False
+    ) -> int:
+        """Release pins; `with_bound` also releases the sessions bound with a listed group pin
+        (ReleaseSessionRequest.with_bound)."""
+        req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids), with_bound=with_bound)
         resp = await self._call(self._stub.ReleaseSession, req)
         return int(resp.released)
 

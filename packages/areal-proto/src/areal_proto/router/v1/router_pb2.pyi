@@ -521,16 +521,24 @@ class ReleaseSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_IDS_FIELD_NUMBER: _builtins.int
+    WITH_BOUND_FIELD_NUMBER: _builtins.int
+    with_bound: _builtins.bool
+    """Also release the sessions pinned by each BindSession call whose first session id is
+    listed, as long as that call's pin of them stands (a session bound again since keeps
+    its new pin). The gateway binds a group's pin first, then its sessions: releasing the
+    group pin this way releases the whole group.
+    """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        with_bound: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids", "with_bound", b"with_bound"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
