@@ -11,9 +11,10 @@ import time
 
 import grpc
 import pytest
-from proxy_fakes import EOS, FakeEngineClient, error_detail, request, start, wait_for
+from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime.session_keys import mint_key, new_id
 
 
@@ -161,3 +162,22 @@ async def test_session_expiry_survives_a_failing_pass(caplog):
         assert "session expiry failed" in caplog.text
     finally:
         await h.close()
+
+
+def test_long_prompts_are_tokenized_without_holding_the_gil():
+    tok = ModelTokenizer.from_dir(PARROT)
+    text = "hello wörld <|im_start|> foo  bar\n" * 60_000  # 2 MB: about a second to encode
+    assert tok.encode(text) == tok.tokenizer.encode(text).ids
+    assert tok.encode(text, add_special_tokens=True) == (
+        tok.tokenizer.encode(text, add_special_tokens=True).ids
+    )
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
+    ticks = 0
+    worker.start()
+    while not done.is_set():  # what the event loop gets while a worker thread tokenizes
+        time.sleep(0.001)
+        ticks += 1
+    worker.join()
+    # Holding the GIL, `Tokenizer.encode` let this loop run a handful of times in all.
+    assert ticks >= 50, f"the main thread ran only {ticks} times while the prompt was encoded"
