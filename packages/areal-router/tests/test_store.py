@@ -208,8 +208,15 @@ async def test_a_deleted_state_does_not_come_back_from_its_wal(tmp_path):
     assert read_state(dead / "state.db")["pins"] == {"s0": "p0"}  # the copy is a real state
     (dead / "state.db").unlink()
     fresh = Registry()
-    assert not StateStore(dead / "state.db", fresh).load()
+    store = StateStore(dead / "state.db", fresh)
+    assert not store.load()
     assert fresh.proxies == {} and fresh.pins == {}
+    # What the new router writes next is all the file holds (no old frame mixed in).
+    q, _ = fresh.upsert_proxy("q0", "127.0.0.1:2", "n")
+    fresh.pin(["t0"], q)
+    await store.close()
+    state = read_state(dead / "state.db")
+    assert state["pins"] == {"t0": "q0"} and [p["proxy_id"] for p in state["proxies"]] == ["q0"]
 
 
 def test_a_file_that_is_not_a_state_is_refused_and_kept(tmp_path):
