@@ -119,3 +119,78 @@ def test_ready_file_health_and_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def _start_router(tmp_path: Path, state: Path, name: str) -> tuple[subprocess.Popen, int]:
+    ready = tmp_path / f"{name}.json"
+    flags = ["--ready-file", str(ready), "--state-file", str(state)]
+    flags += ["--metrics-port", "-1", "--health-interval", "0.1"]
+    proc = subprocess.Popen(
+        [*router_command(), *flags],
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        assert time.monotonic() < deadline, "no ready file"
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())["port"]
+
+
+def test_sigkill_right_after_acknowledged_binds_loses_none(tmp_path):
+    """Group commit acknowledges each bind only once its batch is fsynced: a router killed
+    the moment the last of 64 concurrent binds was answered restarts with all of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+
+    class Proxy(proxy_pb2_grpc.ProxyStatusServiceServicer):
+        def GetStats(self, request, context):
+            return proxy_pb2.ProxyStats(healthy=True, model="m")
+
+    fake = grpc.server(ThreadPoolExecutor(max_workers=2))
+    proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server(Proxy(), fake)
+    fake_port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    state = tmp_path / "router-state.db"
+    proc, port = _start_router(tmp_path, state, "ready-1")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = router_pb2_grpc.RouterServiceStub(channel)
+            stub.RegisterProxy(
+                router_pb2.RegisterProxyRequest(
+                    proxy=router_pb2.ProxyInfo(
+                        proxy_id="p0", address=f"127.0.0.1:{fake_port}", model="m"
+                    )
+                ),
+                timeout=10,
+            )
+
+            def bind(i: int) -> list[str]:
+                ids = [f"group:g{i}", f"s{i}"]
+                stub.BindSession(
+                    router_pb2.BindSessionRequest(session_ids=ids, model="m"), timeout=10
+                )
+                return ids
+
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                acknowledged = [sid for ids in pool.map(bind, range(64)) for sid in ids]
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert len(acknowledged) == 128
+        proc, port = _start_router(tmp_path, state, "ready-2")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = router_pb2_grpc.RouterServiceStub(channel)
+            where = [
+                stub.Route(router_pb2.RouteRequest(session_id=sid), timeout=10).proxy_id
+                for sid in acknowledged
+            ]
+        assert set(where) == {"p0"}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        fake.stop(0)
