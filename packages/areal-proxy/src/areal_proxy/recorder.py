@@ -1,8 +1,8 @@
 """Records the requests made with a session key on that session (RL recording).
 
 Requests with the admin key record nothing: the admin key is an operator's
-tool for plain inference and never a session (decision documented in the
-package README). A session key's request is authorized against the session
+tool for plain inference and never a session (packages/areal-proxy/README.md,
+"Decisions"). A session key's request is authorized against the session
 (its key hash), gets its parent turn (longest conversation prefix), and is
 committed to SQLite before the answer is acknowledged.
 """
