@@ -17,6 +17,7 @@ from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy.generation import GenerationRecord
 from areal_proxy.recording.model import Interaction
 from areal_proxy.recording.sessions import SessionBook, Turn
+from areal_proxy.recording.store import sharing
 
 
 @dataclass(slots=True)
@@ -104,4 +105,6 @@ class Recorder:
             timings=timings,
             inherited=inherited,
         )
+        # What the store may take from the parent rather than write again (flat disk per turn).
+        it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered)
         return self.book.record_now(it)

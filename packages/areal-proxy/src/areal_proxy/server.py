@@ -78,6 +78,7 @@ class ProxyServer:
             reward_finish_timeout=settings.set_reward_finish_timeout,
             max_live=settings.max_live_sessions,
             executor=self.db_executor,
+            retention=settings.retention_seconds,
         )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(
@@ -179,15 +180,26 @@ class ProxyServer:
             await self.expire_once()
 
     async def expire_once(self) -> None:
-        """One expiry pass. A failure (a locked or full database, a bug) is logged and the
-        next pass tries again: one error must not end expiry for the life of the process."""
+        """One expiry pass: end idle sessions, delete those past --retention-seconds. A
+        failure (a locked or full database, a bug) is logged and the next pass tries again:
+        one error must not end expiry for the life of the process."""
+        s = self.settings
         try:
             ended = await self.book.call(self.book.expire)
+            if ended:
+                log.info("%d idle session(s) ended after %gs", len(ended), s.session_ttl)
         except Exception:
             log.exception("session expiry failed; retrying in the next pass")
-            return
-        if ended:
-            log.info("%d idle session(s) ended after %gs", len(ended), self.settings.session_ttl)
+        try:
+            purged = await self.book.call(self.book.purge)
+            if purged:
+                log.info(
+                    "%d ended, exported session(s) deleted after %gs",
+                    len(purged),
+                    s.retention_seconds,
+                )
+        except Exception:
+            log.exception("deleting sessions past their retention failed; retrying next pass")
 
     async def shutdown(self) -> None:
         """Ordered: stop taking work, drain, stop serving, close the engine client."""

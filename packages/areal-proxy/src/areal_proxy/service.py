@@ -432,9 +432,12 @@ class ProxyServicer(
             sessions, rows = await book.call(prepare)
             while batch := await book.call(next_chunk, rows):
                 await context.write(proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch)))
-            # Removal only when asked, and only after every row has been handed over.
+            # Removal only when asked, and only after every row has been handed over; else
+            # the retention of these sessions starts (--retention-seconds once ended too).
             if request.remove_session:
                 await book.call(book.remove, sessions)
+            else:
+                await book.call(book.exported, sessions)
         except Exception as e:
             err = self._error(e)
             self._count("ExportTrajectories", str(err.http_status))

@@ -66,6 +66,13 @@ class Settings:
     session_ttl: float = field(
         default=3600.0, metadata={"help": "seconds an idle RL session lives before it is ended"}
     )
+    retention_seconds: float = field(
+        default=86400.0,
+        metadata={
+            "help": "seconds an ended and exported RL session's records are kept before they "
+            "are deleted (0 = kept until an export removes them)"
+        },
+    )
     max_live_sessions: int = field(
         default=10000, metadata={"help": "RL sessions kept in memory (the rest reload from SQLite)"}
     )
@@ -106,6 +113,8 @@ class Settings:
             out.append("--engine-max-tokens must be >= 0")
         if self.context_length < 0:
             out.append("--context-length must be >= 0")
+        if self.retention_seconds < 0:
+            out.append("--retention-seconds must be >= 0")
         return out
 
 

@@ -28,6 +28,10 @@ class Interaction:
     # Index in prompt_ids where this turn's own tokens start, when the prompt
     # continues the parent's exact token sequence (concat template); 0 otherwise.
     inherited: int = 0
+    # Storage only: how many leading prompt ids are the parent's prompt + output ids, and how
+    # many leading messages are the parent's messages + answer; the store keeps the rest.
+    shared_tokens: int = 0
+    shared_messages: int = 0
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import sqlite3
 import time
 from collections import OrderedDict
@@ -34,11 +35,13 @@ from areal_runtime.errors import (
     NotFound,
     SessionExists,
     SessionNotFound,
+    StorageFull,
     Unauthenticated,
 )
 from areal_runtime.session_keys import key_hash, key_matches, new_id
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -67,9 +70,13 @@ class SessionBook:
         reward_finish_timeout: float = 0.0,
         max_live: int = 10_000,
         executor: Executor | None = None,
+        retention: float = 0.0,
     ) -> None:
         self.store = store
         self.ttl = ttl
+        # Seconds an ended, exported session's records are kept before `purge` deletes them
+        # (0: kept until an export asks for their removal).
+        self.retention = retention
         self.reward_finish_timeout = reward_finish_timeout
         self.max_live = max_live
         self.executor = executor
@@ -117,6 +124,25 @@ class SessionBook:
             self._count_live()
         return ids
 
+    def purge(self, now: float | None = None) -> list[str]:
+        """Delete the sessions ended and exported more than `retention` seconds ago."""
+        if self.retention <= 0:
+            return []
+        now = time.time() if now is None else now
+        ids = self.store.purgeable(now - self.retention)
+        if ids:
+            self.remove_ids(ids)
+        return ids
+
+    def exported(self, sessions: list[Session]) -> None:
+        """Every row of `sessions` was handed to a trainer: retention starts. Bookkeeping
+        only: on a full disk the export still succeeds (its rows were sent), and retention
+        starts at the next export."""
+        try:
+            self.store.mark_exported([s.session_id for s in sessions])
+        except StorageFull as e:
+            log.warning("export not marked (retention not started): %s", e.message)
+
     @property
     def live_count(self) -> int:
         return len(self._live)
@@ -153,11 +179,11 @@ class SessionBook:
             self._live.move_to_end(session_id)
             return live
         lineage = Lineage()
-        turns = self.store.interactions(session_id)
-        for it in turns:
-            if isinstance(it.messages, list) and isinstance(it.response, dict):
-                lineage.add(it.interaction_id, it.messages, it.response)
-        live = _Live(lineage, (turns[-1].seq + 1) if turns else 0)
+        turns = self.store.conversations(session_id)
+        for iid, _, messages, response in turns:
+            if isinstance(messages, list) and isinstance(response, dict):
+                lineage.add(iid, messages, response)
+        live = _Live(lineage, (turns[-1][1] + 1) if turns else 0)
         self._live[session_id] = live
         while len(self._live) > self.max_live:
             self._live.popitem(last=False)
@@ -238,7 +264,9 @@ class SessionBook:
         return export.rows(pairs, style, discount)
 
     def remove(self, sessions: list[Session]) -> None:
-        ids = [s.session_id for s in sessions]
+        self.remove_ids([s.session_id for s in sessions])
+
+    def remove_ids(self, ids: list[str]) -> None:
         for sid in ids:
             self._live.pop(sid, None)
         self.store.delete_sessions(ids)

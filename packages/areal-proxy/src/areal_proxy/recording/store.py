@@ -4,6 +4,14 @@ Every write commits before it returns: an acknowledged interaction or reward
 survives a SIGKILL of the proxy (WAL with synchronous=NORMAL is durable
 against a process crash; only an OS crash can lose the last commits).
 Token arrays are stored packed (int32 ids and versions, float64 logprobs).
+
+A turn stores what is new, so disk per turn stays flat however long the conversation: its
+messages beyond its parent's conversation (`shared_messages` leading ones are the parent's
+messages + answer) and its prompt ids beyond those it shares with the parent's prompt +
+output (`shared_tokens`). Reading rebuilds the whole interaction from the chain of parents,
+exactly as it was recorded (the messages a client echoed back are the parent's, which the
+lineage matched them to; only role, text and tool calls count there). A database written
+before these columns existed is migrated in place: its rows share nothing and read as before.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import logging
 import sqlite3
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +63,21 @@ CREATE TABLE IF NOT EXISTS interactions (
   finished_at REAL NOT NULL,
   timings BLOB NOT NULL,
   inherited INTEGER NOT NULL DEFAULT 0,
+  shared_tokens INTEGER NOT NULL DEFAULT 0,
+  shared_messages INTEGER NOT NULL DEFAULT 0,
   UNIQUE (session_id, seq)
 );
+"""
+# Columns added after the first schema: (table, column, definition), added when missing.
+_MIGRATIONS = (
+    ("interactions", "shared_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("interactions", "shared_messages", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "exported_at", "REAL"),
+)
+# After the migrations: the index on a migrated column.
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS sessions_by_export ON sessions(exported_at)
+  WHERE exported_at IS NOT NULL;
 """
 
 _SESSION_COLS = (
@@ -65,7 +86,8 @@ _SESSION_COLS = (
 )
 _INTERACTION_COLS = (
     "interaction_id, session_id, seq, parent_id, messages, response, prompt_ids, output_ids, "
-    "logprobs, versions, finish_reason, reward, created_at, finished_at, timings, inherited"
+    "logprobs, versions, finish_reason, reward, created_at, finished_at, timings, inherited, "
+    "shared_tokens, shared_messages"
 )
 
 
@@ -94,7 +116,9 @@ def _session(row: tuple[Any, ...]) -> Session:
 
 
 def _interaction(row: tuple[Any, ...]) -> Interaction:
-    (iid, sid, seq, parent, msgs, resp, p, o, lp, v, fin, rew, c, f, tim, inh) = row
+    """The row as stored: `prompt_ids` and `messages` hold only what follows the shared
+    part (see `_whole`)."""
+    (iid, sid, seq, parent, msgs, resp, p, o, lp, v, fin, rew, c, f, tim, inh, st, sm) = row
     return Interaction(
         interaction_id=iid,
         session_id=sid,
@@ -112,7 +136,104 @@ def _interaction(row: tuple[Any, ...]) -> Interaction:
         finished_at=f,
         timings=orjson.loads(tim),
         inherited=inh,
+        shared_tokens=st,
+        shared_messages=sm,
     )
+
+
+def _tokens(it: Interaction) -> list[Any]:
+    return it.prompt_ids + it.output_ids
+
+
+def _conversation(it: Interaction) -> list[Any]:
+    msgs = it.messages if isinstance(it.messages, list) else []
+    return [*msgs, it.response]
+
+
+def _whole(chain: list[Interaction]) -> Interaction:
+    """The last of `chain` (stored rows, root first, each the parent of the next) rebuilt
+    whole. The shared prefix is gathered backwards as slices of each ancestor's own part, so
+    the cost is the length of the result, not the sum of every ancestor's length."""
+    it = chain[-1]
+    it.prompt_ids = _gather(chain, it.shared_tokens, lambda r: r.shared_tokens, _tokens) + (
+        it.prompt_ids
+    )
+    if it.shared_messages and isinstance(it.messages, list):
+        it.messages = (
+            _gather(chain, it.shared_messages, lambda r: r.shared_messages, _conversation)
+            + it.messages
+        )
+    return it
+
+
+def _gather(
+    chain: list[Interaction],
+    m: int,
+    shared: Callable[[Interaction], int],
+    own: Callable[[Interaction], list[Any]],
+) -> list[Any]:
+    """The first `m` items of the whole sequence of chain[-2] (a row's whole sequence is its
+    parent's first `shared` items, then its own part)."""
+    pieces: list[list[Any]] = []
+    for row in reversed(chain[:-1]):
+        if m <= 0:
+            break
+        s = shared(row) if row.parent_id is not None else 0
+        if m > s:
+            pieces.append(own(row)[: m - s])
+            m = s
+    if m > 0:
+        raise ValueError(f"interaction chain of {chain[-1].interaction_id} is incomplete")
+    out: list[Any] = []
+    for piece in reversed(pieces):
+        out.extend(piece)
+    return out
+
+
+def _rebuild_all(rows: list[Interaction]) -> list[Interaction]:
+    """A session's stored rows (in seq order: a parent is always recorded before its child)
+    rebuilt whole, each from its parent's rebuilt sequence."""
+    needed = {r.parent_id for r in rows if r.shared_tokens or r.shared_messages}
+    tokens: dict[str, list[int]] = {}
+    convs: dict[str, list[Any]] = {}
+    for it in rows:
+        if it.shared_tokens or it.shared_messages:
+            parent = it.parent_id or ""
+            if parent not in tokens:
+                raise ValueError(f"parent {parent} of {it.interaction_id} is missing")
+            it.prompt_ids = tokens[parent][: it.shared_tokens] + it.prompt_ids
+            if it.shared_messages and isinstance(it.messages, list):
+                it.messages = convs[parent][: it.shared_messages] + it.messages
+        if it.interaction_id in needed:
+            tokens[it.interaction_id] = _tokens(it)
+            convs[it.interaction_id] = _conversation(it)
+    return rows
+
+
+def _shared_prefix(a: list[Any], b: list[Any]) -> int:
+    """len of the common prefix of `a` and `b` (slices compare in C: O(n log n) there,
+    rather than a Python loop over every item)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def sharing(it: Interaction, parent: Interaction | None, covered: int) -> tuple[int, int]:
+    """(shared_tokens, shared_messages) of a new turn `it` on `parent` (whole), whose
+    conversation covers the first `covered` of its messages."""
+    if parent is None:
+        return 0, 0
+    tokens = _shared_prefix(it.prompt_ids, _tokens(parent))
+    msgs = covered if isinstance(it.messages, list) and isinstance(parent.response, dict) else 0
+    return tokens, min(msgs, len(_conversation(parent)))
 
 
 class Store:
@@ -125,6 +246,11 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        for table, column, definition in _MIGRATIONS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        self._db.executescript(_INDEXES)
         if self.path != ":memory:":
             Path(self.path).chmod(0o600)
 
@@ -189,6 +315,25 @@ class Store:
             self.end_sessions(ids, at)
         return ids
 
+    def mark_exported(self, session_ids: Iterable[str], at: float | None = None) -> None:
+        at = time.time() if at is None else at
+        with self._tx():
+            self._db.executemany(
+                "UPDATE sessions SET exported_at = ? WHERE session_id = ?",
+                [(at, s) for s in session_ids],
+            )
+
+    def purgeable(self, before: float) -> list[str]:
+        """Sessions ended and exported, both before `before` (retention is over)."""
+        return [
+            r[0]
+            for r in self._db.execute(
+                "SELECT session_id FROM sessions WHERE exported_at IS NOT NULL "
+                "AND exported_at < ? AND ended_at IS NOT NULL AND ended_at < ?",
+                (before, before),
+            )
+        ]
+
     def delete_sessions(self, session_ids: list[str]) -> None:
         with self._tx():
             self._db.executemany(
@@ -206,14 +351,16 @@ class Store:
     # -- interactions -------------------------------------------------------
 
     def add_interaction(self, it: Interaction) -> None:
+        """Store `it` (whole), keeping only what follows its shared prefixes."""
+        msgs = it.messages[it.shared_messages :] if isinstance(it.messages, list) else it.messages
         row = (
             it.interaction_id,
             it.session_id,
             it.seq,
             it.parent_id,
-            orjson.dumps(it.messages),
+            orjson.dumps(msgs),
             orjson.dumps(it.response),
-            _ints(it.prompt_ids),
+            _ints(it.prompt_ids[it.shared_tokens :]),
             _ints(it.output_ids),
             _floats(it.logprobs),
             _ints(it.versions),
@@ -223,11 +370,13 @@ class Store:
             it.finished_at,
             orjson.dumps(it.timings),
             it.inherited,
+            it.shared_tokens,
+            it.shared_messages,
         )
+        marks = ",".join("?" * len(row))
         with self._tx():
             self._db.execute(
-                f"INSERT INTO interactions ({_INTERACTION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                row,
+                f"INSERT INTO interactions ({_INTERACTION_COLS}) VALUES ({marks})", row
             )
             self._db.execute(
                 "UPDATE sessions SET n_interactions = n_interactions + 1, last_active_at = ? "
@@ -240,14 +389,47 @@ class Store:
             f"SELECT {_INTERACTION_COLS} FROM interactions WHERE session_id = ? ORDER BY seq",
             (session_id,),
         ).fetchall()
-        return [_interaction(r) for r in rows]
+        return _rebuild_all([_interaction(r) for r in rows])
+
+    def conversations(
+        self, session_id: str
+    ) -> list[tuple[str, int, list[dict[str, Any]] | str, dict[str, Any] | str]]:
+        """(interaction id, seq, messages, response) of a session's turns, whole, in order:
+        what reloading a session's lineage needs, without unpacking any token array."""
+        out = []
+        convs: dict[str, list[Any]] = {}
+        for iid, seq, parent, msgs, resp, shared in self._db.execute(
+            "SELECT interaction_id, seq, parent_id, messages, response, shared_messages "
+            "FROM interactions WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        ):
+            messages, response = orjson.loads(msgs), orjson.loads(resp)
+            if shared and isinstance(messages, list):
+                if parent not in convs:
+                    raise ValueError(f"parent {parent} of {iid} is missing")
+                messages = convs[parent][:shared] + messages
+            if isinstance(messages, list):
+                convs[iid] = [*messages, response]
+            out.append((iid, seq, messages, response))
+        return out
 
     def interaction(self, interaction_id: str) -> Interaction | None:
-        row = self._db.execute(
-            f"SELECT {_INTERACTION_COLS} FROM interactions WHERE interaction_id = ?",
+        # The row and the ancestors it shares a prefix with, root first: one query, and the
+        # bytes read are those of the one conversation (as a whole row's were).
+        rows = self._db.execute(
+            f"""WITH RECURSIVE chain(id) AS (
+                  SELECT ?
+                  UNION ALL
+                  SELECT i.parent_id FROM interactions i JOIN chain ON i.interaction_id = chain.id
+                  WHERE i.parent_id IS NOT NULL AND (i.shared_tokens > 0 OR i.shared_messages > 0)
+                )
+                SELECT {_INTERACTION_COLS} FROM interactions
+                WHERE interaction_id IN (SELECT id FROM chain) ORDER BY seq""",
             (interaction_id,),
-        ).fetchone()
-        return _interaction(row) if row else None
+        ).fetchall()
+        if not rows:
+            return None
+        return _whole([_interaction(r) for r in rows])
 
     def iter_interactions(self, session_ids: list[str]) -> Iterator[list[Interaction]]:
         """Each session's interactions in order, one session at a time (bounded memory)."""
