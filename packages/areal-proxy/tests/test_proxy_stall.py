@@ -181,3 +181,22 @@ def test_long_prompts_are_tokenized_without_holding_the_gil():
     worker.join()
     # Holding the GIL, `Tokenizer.encode` let this loop run a handful of times in all.
     assert ticks >= 50, f"the main thread ran only {ticks} times while the prompt was encoded"
+
+
+async def test_a_session_turn_that_cannot_fit_is_refused_before_its_turn_is_looked_up():
+    h = await start(FakeEngineClient([5, EOS]))
+    try:
+        sid, key = await _session(h)
+        looked_up = []
+        begin_turn = h.server.book.begin_turn
+        h.server.book.begin_turn = lambda *a: looked_up.append(1) or begin_turn(*a)
+        text = "ab " * (13 * h.tok.context_length // 3 + 10)
+        body = {"messages": [{"role": "user", "content": text}]}
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await h.chat(body, api_key=key, session_id=sid)
+        assert error_detail(info.value).code == "context_length_exceeded"
+        assert looked_up == [], "the lineage hashed a prompt that could never fit"
+        await h.chat({"messages": [{"role": "user", "content": "hi"}]}, api_key=key, session_id=sid)
+        assert looked_up == [1]
+    finally:
+        await h.close()

@@ -120,12 +120,14 @@ class PromptBuilder:
         previous_ids: list[int] | None = None,
         previous_messages: int = 0,
         limit: int = 0,
+        rendered: str | None = None,
     ) -> list[int]:
         """Token ids of the prompt.
 
         `limit` (the context length; 0 = none): a rendered prompt whose length alone shows
         it has at least that many tokens raises PromptTooLong before it is tokenized
-        (rendering is milliseconds for megabytes; tokenizing them, seconds).
+        (rendering is milliseconds for megabytes; tokenizing them, seconds). `rendered`: the
+        whole conversation as `render_checked` already rendered it.
 
         `concat` with a session's previous turn (`previous_ids`: its prompt + answer tokens,
         covering the first `previous_messages` messages) appends only the new messages'
@@ -136,8 +138,8 @@ class PromptBuilder:
             # What the template writes after the previous turn's exact tokens (its end-of-turn
             # marker when the answer stopped on length, the newline after it, the new
             # messages, the generation prompt) is tokenized; the previous tokens are kept.
-            rendered = self.render(messages, tools, extra)
-            self._check(rendered, limit)
+            if rendered is None:
+                rendered = self.render_checked(messages, tools, extra, limit)
             ids = continue_tokens(
                 previous_ids,
                 rendered,
@@ -152,7 +154,7 @@ class PromptBuilder:
             head = self._template.render(
                 messages[:previous_messages], tools=tools, add_generation_prompt=False, extra=extra
             )
-            full = self.render(messages, tools, extra)
+            full = rendered
             if full.startswith(head):
                 cut = len(head)
                 eos = self._tok.eos_token
@@ -161,10 +163,20 @@ class PromptBuilder:
                     ended = previous_ids[-1] in self._tok.eos_token_ids
                     cut = at + len(eos) if ended else at
                 return [*previous_ids, *self._tok.encode(full[cut:])]
-        text = self.render(messages, tools, extra)
-        self._check(text, limit)
-        return self._tok.encode(text)
+        if rendered is None:
+            rendered = self.render_checked(messages, tools, extra, limit)
+        return self._tok.encode(rendered)
 
-    def _check(self, text: str, limit: int) -> None:
+    def render_checked(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
+        limit: int = 0,
+    ) -> str:
+        """The whole conversation rendered; PromptTooLong if its length alone shows it has
+        at least `limit` tokens (0 = no limit)."""
+        text = self.render(messages, tools, extra)
         if limit > 0 and (n := self._tok.min_tokens(text)) >= limit:
             raise PromptTooLong(n)
+        return text

@@ -132,22 +132,54 @@ class InferenceHandler:
             extra=s.extra,
         )
 
-    def chat_prompt(self, req: ChatRequest, ot: OpenTurn | None = None) -> list[int]:
+    def _prompts(self) -> PromptBuilder:
         if self.prompts is None:
             raise bad("this model has no chat template; use /v1/completions", "messages")
+        return self.prompts
+
+    def chat_text(self, req: ChatRequest) -> str:
+        """The rendered conversation, refused if its length alone rules out the context."""
         try:
-            return self.prompts.prompt_ids(
+            return self._prompts().render_checked(
+                req.messages, req.tools, req.template_kwargs, self.context_length
+            )
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, "messages", at_least=True) from None
+        except TemplateError as e:
+            raise bad(str(e), "messages", "chat_template_error") from None
+
+    def chat_prompt(
+        self, req: ChatRequest, ot: OpenTurn | None = None, rendered: str | None = None
+    ) -> list[int]:
+        prompts = self._prompts()
+        try:
+            return prompts.prompt_ids(
                 req.messages,
                 req.tools,
                 req.template_kwargs,
                 previous_ids=ot.previous_ids if ot is not None else None,
                 previous_messages=ot.turn.covered if ot is not None else 0,
                 limit=self.context_length,
+                rendered=rendered,
             )
         except PromptTooLong as e:
             raise self._too_long(e.tokens, "messages", at_least=True) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
+
+    async def _chat_turn(
+        self, body: bytes, req: ChatRequest, env: Envelope | None, rid: str
+    ) -> tuple[OpenTurn | None, list[int]]:
+        """The open turn and the prompt ids of a chat request. A big body is rendered and
+        checked against the context first (off the loop): a prompt that cannot fit is
+        refused before its turn is looked up (the lineage hashes every message) and before
+        it is tokenized, the costs that grow with its size."""
+        rendered = None
+        if len(body) > _INLINE_BODY_BYTES:
+            rendered = await self._off_loop(True, self.chat_text, req)
+        ot = await self._begin(env, req.messages, rid)
+        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot, rendered)
+        return ot, prompt
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         if req.prompt_ids is not None:
@@ -233,8 +265,7 @@ class InferenceHandler:
     ) -> tuple[bytes, GenerationRecord]:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
-        ot = await self._begin(env, req.messages, rid)
-        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot)
+        ot, prompt = await self._chat_turn(body, req, env, rid)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
@@ -282,8 +313,7 @@ class InferenceHandler:
     ) -> AsyncGenerator[bytes, None]:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
-        ot = await self._begin(env, req.messages, rid)
-        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot)
+        ot, prompt = await self._chat_turn(body, req, env, rid)
         template = self._template(req.sampling, req.top_logprobs)
         rec = self.controller.start(
             prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
