@@ -257,11 +257,14 @@ def _messages(d: dict[str, Any]) -> list[dict[str, Any]]:
                 raise bad(f"a {role} message needs 'content'", f"{p}.content")
         elif not isinstance(content, str):
             raise bad("'content' must be a string or a list of content parts", f"{p}.content")
-        if role == "assistant":
-            if m.get("tool_calls") is not None:
-                _tool_calls(m["tool_calls"], f"{p}.tool_calls")
-            elif content is None:
-                raise bad("an assistant message needs 'content' or 'tool_calls'", f"{p}.content")
+        # Checked on every role, not only assistant: the recorder (recording/lineage.py) and
+        # the chat template read `tool_calls` of any message, and a malformed one there (a
+        # tool message with `"tool_calls": 5`) was a 500 for a session key, whose requests
+        # are recorded, but a 400 for the admin key's unrecorded ones.
+        if m.get("tool_calls") is not None:
+            _tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        elif role == "assistant" and content is None:
+            raise bad("an assistant message needs 'content' or 'tool_calls'", f"{p}.content")
         if (name := m.get("name")) is not None and not isinstance(name, str):
             raise bad("'name' must be a string", f"{p}.name")
         if (tid := m.get("tool_call_id")) is not None and not isinstance(tid, str):
