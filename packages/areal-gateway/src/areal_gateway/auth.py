@@ -2,9 +2,12 @@
 
 Endpoints never compare keys themselves: they call `Authenticator.authenticate(key)` (or
 `principal(request)`), then decide with `Principal.is_admin` / `Principal.session_id`.
-Session keys (minted by the RL API) plug in through `add_session_key` without touching the
-endpoints. The admin key is compared in constant time; session keys are looked up by their
-SHA-256 digest, so the lookup reveals nothing about a key's prefix.
+Session keys are checked statelessly: a key the gateway minted carries an HMAC of its
+session id under the gateway's signing key (`areal_runtime.session_keys.SessionKeys`), so a
+forged or altered key is a 401 here, before anything is routed or pinned at the router, and a
+restarted gateway given the same secret accepts the keys of the one before. Keys added with
+`add_session_key` (tests, tools) are looked up by their SHA-256 digest, so the lookup reveals
+nothing about a key's prefix. The admin key is compared in constant time.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from areal_runtime.errors import PermissionDenied, Unauthenticated
-from areal_runtime.session_keys import session_of
+from areal_runtime.session_keys import SessionKeys, process_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +35,18 @@ def _digest(key: str) -> bytes:
 
 
 class Authenticator:
-    def __init__(self, admin_key: str) -> None:
+    def __init__(self, admin_key: str, session_keys: SessionKeys | None = None) -> None:
         if not admin_key:
             raise ValueError("an admin key is required")
         self._admin = admin_key.encode()
+        # None: this process's random signing key (its keys die with the process).
+        self.session_keys = session_keys or process_keys()
         self._sessions: dict[bytes, str] = {}
+
+    def mint_session_key(self, session_id: str) -> str:
+        """A key for `session_id` that `authenticate` accepts (so does the next gateway given
+        the same secret)."""
+        return self.session_keys.mint(session_id)
 
     # --- session keys (RL API) ---
     def add_session_key(self, key: str, session_id: str) -> None:
@@ -55,9 +65,10 @@ class Authenticator:
             return Principal(api_key=key, is_admin=True)
         session_id = self._sessions.get(_digest(key)) if self._sessions else None
         if session_id is None:
-            # An RL session key names its session; the proxy holding the session checks
-            # the key's hash, so the gateway keeps no key and loses none on restart.
-            session_id = session_of(key)
+            # Only a key this gateway's signing key minted: a forged one must not reach the
+            # router (it would pin an unknown session there). The proxy holding the session
+            # still checks the key's hash (the key may be a session's that ended).
+            session_id = self.session_keys.verify(key)
         if session_id is not None:
             return Principal(api_key=key, is_admin=False, session_id=session_id)
         raise Unauthenticated("Invalid API key.", code="invalid_api_key")

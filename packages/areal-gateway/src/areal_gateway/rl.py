@@ -7,7 +7,8 @@
 
 A group is pinned on the router under the id `group:<group_id>` beside its sessions,
 so an export by group goes straight to the proxy that holds it. The gateway keeps no
-session state: a session key names its session and the proxy checks the key's hash.
+session state: a session key names its session and carries a MAC the gateway checks before
+routing (auth.py), and the proxy checks the key's hash.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from areal_runtime.errors import (
     Unavailable,
     UnknownModel,
 )
-from areal_runtime.session_keys import mint_key, new_id
+from areal_runtime.session_keys import new_id
 
 __all__ = ["MAX_GROUP_SIZE", "group_pin", "router"]
 _NDJSON = "application/x-ndjson"
@@ -110,7 +111,8 @@ async def start_session(
     creds = []
     for _i in range(size):
         sid = new_id("sess")
-        creds.append(proxy_pb2.SessionCredentials(session_id=sid, session_api_key=mint_key(sid)))
+        key = gw.auth.mint_session_key(sid)
+        creds.append(proxy_pb2.SessionCredentials(session_id=sid, session_api_key=key))
     ids = [c.session_id for c in creds]
     bound = await gw.router.bind_sessions([group_pin(group_id), *ids], model)
     try:

@@ -20,7 +20,8 @@ from areal_gateway.clients import AgentProxyPool, ProxyPool, RouterClient
 from areal_gateway.external import ExternalForwarder
 from areal_gateway.metrics import Metrics
 from areal_gateway.routing import RouteTable
-from areal_gateway.settings import Settings
+from areal_gateway.settings import SESSION_KEY_SECRET_ENV, Settings
+from areal_runtime.session_keys import SessionKeys
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,16 @@ class Gateway:
         # Lets the CLI check that the port it polls is served by the process it started.
         self.instance = secrets.token_hex(8)
         self.started_at = time.time()
-        self.auth = Authenticator(settings.admin_api_key)
+        if not settings.session_key_secret:
+            log.warning(
+                "%s is not set: session keys are signed with a random key of this process "
+                "and stop working when it exits (the areal CLI sets it, so a restarted gateway "
+                "keeps accepting them)",
+                SESSION_KEY_SECRET_ENV,
+            )
+        self.auth = Authenticator(
+            settings.admin_api_key, SessionKeys.from_secret(settings.session_key_secret)
+        )
         self.metrics = Metrics()
         self.draining = False
         self._router: RouterClient | None = None

@@ -2,7 +2,8 @@
 
 Flags are generated from the dataclass by `areal_runtime.settings.parse_settings`;
 each field can also come from `AREAL_GATEWAY_<FIELD>`. Secrets never come from argv: the
-admin key is read from `AREAL_ADMIN_API_KEY`, the internal token from `AREAL_INTERNAL_TOKEN`.
+admin key is read from `AREAL_ADMIN_API_KEY`, the internal token from `AREAL_INTERNAL_TOKEN`,
+the secret session keys are signed with from `AREAL_SESSION_KEY_SECRET`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 
 from areal_gateway import __version__
 from areal_runtime.auth import TOKEN_ENV
+from areal_runtime.session_keys import MIN_SECRET_CHARS
+from areal_runtime.session_keys import SECRET_ENV as SESSION_KEY_SECRET_ENV
 from areal_runtime.settings import parse_settings
 
 PROG = "areal-gateway"
@@ -59,6 +62,8 @@ class Settings:
     # Secrets: environment only (see load_settings).
     admin_api_key: str = field(default="", repr=False, metadata={"secret": True})
     internal_token: str = field(default="", repr=False, metadata={"secret": True})
+    # Signs session keys; "" = random per process (keys die with it; see runtime.Gateway).
+    session_key_secret: str = field(default="", repr=False, metadata={"secret": True})
 
 
 class SettingsError(ValueError):
@@ -84,6 +89,11 @@ def validate(settings: Settings) -> None:
             f"refusing to listen on {settings.host} with the documented default admin key "
             f"{DEFAULT_ADMIN_KEY!r}: set {ADMIN_KEY_ENV} to a secret value, or bind to 127.0.0.1"
         )
+    if settings.session_key_secret and len(settings.session_key_secret) < MIN_SECRET_CHARS:
+        raise SettingsError(
+            f"{SESSION_KEY_SECRET_ENV} is too short: give at least {MIN_SECRET_CHARS} random "
+            "characters (or leave it unset: session keys are then valid for this process only)"
+        )
     if settings.max_body_bytes < 1:
         raise SettingsError("--max-body-bytes must be at least 1")
     if settings.request_timeout <= 0:
@@ -106,4 +116,6 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
         settings,
         admin_api_key=os.environ.get(ADMIN_KEY_ENV, "") or settings.admin_api_key,
         internal_token=os.environ.get(TOKEN_ENV, "") or settings.internal_token,
+        session_key_secret=os.environ.get(SESSION_KEY_SECRET_ENV, "")
+        or settings.session_key_secret,
     )

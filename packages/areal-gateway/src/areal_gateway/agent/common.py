@@ -1,10 +1,11 @@
 """What every agent-mode endpoint shares: who calls, where a session lives, session creation.
 
 Keys: the admin key, or a session key minted here (`areal_runtime.session_keys`). The
-gateway reads the session a key claims; the data proxy holding the session checks the key's
-hash on every call (turns, close, history, reward, export), so the gateway keeps no key and a
-restarted gateway still accepts them. A key for another session is refused here (403) before
-anything is routed.
+gateway checks the key's MAC (a forged key is a 401 before anything is routed or pinned) and
+reads the session it was minted for; the data proxy holding the session checks the key's
+hash on every call (turns, close, history, reward, export). The gateway keeps no key, and a
+restarted gateway given the same secret still accepts them. A key for another session is
+refused here (403) before anything is routed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from areal_gateway.openai.errors import bad_request
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import NoHealthyReplica, PermissionDenied, ServiceError
-from areal_runtime.session_keys import mint_key, new_id
+from areal_runtime.session_keys import new_id
 
 log = logging.getLogger("areal_gateway.agent")
 
@@ -36,9 +37,8 @@ SESSION_HEADER = "x-areal-session-id"
 
 
 def principal(gw: Gateway, request: Request) -> Principal:
-    """The admin, or the holder of a session key (checked by the proxy); anything else 401.
-    The one key check of both modes (in agent mode no key is added to it, so a session key
-    is known by the session it names)."""
+    """The admin, or the holder of a session key this gateway minted (its MAC checked here,
+    its hash by the proxy); anything else 401. The one key check of both modes."""
     return gw.auth.principal(request)
 
 
@@ -65,7 +65,7 @@ async def proxy_of(gw: Gateway, session_id: str) -> AgentProxyClient:
 async def create_session(gw: Gateway, metadata: dict[str, Any]) -> dict[str, Any]:
     """Mint an id and key, pin the session to the least-loaded pair, create it there."""
     session_id = new_id("agent")
-    key = mint_key(session_id)
+    key = gw.auth.mint_session_key(session_id)
     bound = await gw.router.bind_sessions([session_id], AGENT_MODEL, kind=AGENT_KIND)
     client = gw.agents.get(bound.address)
     try:
