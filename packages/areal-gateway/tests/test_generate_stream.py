@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from areal_gateway.clients import ProxyPool, ProxyUnreachable
+from areal_gateway.clients.proxy import WINDOW
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.errors import ServiceError
@@ -180,4 +181,79 @@ async def test_streams_off_means_one_call_per_request():
         assert fake.streams == 0
     finally:
         await pool.close()
+        await server.stop(0)
+
+
+class Metered(proxy_pb2_grpc.InferenceProxyServiceServicer):
+    """Streams `n` results per streamed request, honouring the window and credits as the
+    real proxy does (window 0: no limit); records what it sent and the credit it got."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sent: dict[int, int] = {}
+        self.credit: dict[int, int] = {}
+        self.windows: list[int] = []
+
+    async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
+        await context.send_initial_metadata(())
+        lock = asyncio.Lock()
+        changed = asyncio.Event()
+        tasks = []
+
+        async def serve(rid: int, window: int) -> None:
+            self.sent[rid] = 0
+            while self.sent[rid] < self.n:
+                if window and self.sent[rid] >= window + self.credit.get(rid, 0):
+                    changed.clear()
+                    await changed.wait()
+                    continue
+                i = self.sent[rid] = self.sent[rid] + 1
+                result = proxy_pb2.GenerateResult(id=rid, data=b'{"n":%d}' % i)
+                async with lock:
+                    await context.write(proxy_pb2.GenerateResults(results=[result]))
+                await asyncio.sleep(0)
+            async with lock:
+                await context.write(
+                    proxy_pb2.GenerateResults(results=[proxy_pb2.GenerateResult(id=rid, done=True)])
+                )
+
+        async for msg in request_iterator:
+            for f in msg.frames:
+                if f.credit:
+                    self.credit[f.id] = self.credit.get(f.id, 0) + f.credit
+                    changed.set()
+                elif not f.cancel:
+                    self.windows.append(f.window)
+                    tasks.append(asyncio.ensure_future(serve(f.id, f.window)))
+        for t in tasks:
+            t.cancel()
+
+
+async def test_a_slow_client_holds_back_only_its_own_request(pool: ProxyPool):
+    # Two streamed requests on one Generate stream; the first client reads one batch and
+    # stops, the second reads everything. The second completes; the gateway holds at most
+    # its window of the first one's results, and the proxy was never allowed to send more.
+    fake = Metered(400)
+    server, address = await _serve(fake)
+    try:
+        client = pool.get(address)
+        slow = client.chat_completion_stream(_request(True), 30)
+        first = await slow.__anext__()
+        assert first
+        fast = [c async for b in client.chat_completion_stream(_request(True), 30) for c in b]
+        assert len(fast) == 400
+        await asyncio.sleep(0.2)  # whatever the proxy may still send for the slow one
+        stream = client._mux
+        assert stream is not None
+        # Without flow control all 400 results and the end arrive unread: the request is gone.
+        assert len(stream._waiters) == 1, "the slow request was buffered to its end unread"
+        (rid,) = stream._waiters
+        assert len(stream._waiters[rid].results) <= WINDOW
+        assert fake.sent[rid] <= WINDOW + fake.credit.get(rid, 0) < 400
+        # The slow client reads again: its request resumes and completes.
+        rest = [c async for b in slow for c in b]
+        assert len(first) + len(rest) == 400
+        assert fake.windows == [WINDOW, WINDOW]
+        await slow.aclose()
+    finally:
         await server.stop(0)

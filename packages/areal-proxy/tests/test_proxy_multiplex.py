@@ -13,6 +13,7 @@ from proxy_fakes import EOS, FakeEngineClient, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import EngineError
+from areal_proxy.multiplex import QUEUE_LIMIT
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 60), EOS]
@@ -199,6 +200,56 @@ async def test_generate_needs_the_internal_token(monkeypatch: pytest.MonkeyPatch
         await mux.send(frame(1, CHAT, {"messages": MSG}))
         await mux.wait(1)
         assert orjson.loads(mux.results[1][0].data)["choices"][0]["finish_reason"] == "stop"
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_a_slow_reader_holds_back_only_its_own_request():
+    # One Generate stream, two streamed requests with a window of 4 results each. The caller
+    # returns credit for request 2 as its results arrive and never for request 1 (its client
+    # stopped reading): request 2 runs to the end, request 1 stops after its window, and the
+    # proxy stops reading request 1's engine stream once its queue is full.
+    engine = FakeEngineClient([])
+    h = await start(engine)
+    # Tokens of plain ASCII words: each one's text is whole, so each makes one result.
+    engine.sequence = h.tok.encode("the cat sat on a mat " * 60)
+    n = len(engine.sequence)
+    try:
+        mux = Mux(h.stub)
+        body = {"prompt": [5, 6, 7], "max_tokens": n}
+        slow = frame(1, COMPLETION, body, stream=True)
+        slow.window = 4
+        fast = frame(2, COMPLETION, body, stream=True)
+        fast.window = 4
+        credited = 0
+
+        async def credit_fast() -> None:
+            nonlocal credited
+            while not mux.done(2):
+                got = len(mux.results.get(2, []))
+                if got > credited:
+                    await mux.send(proxy_pb2.GenerateFrame(id=2, credit=got - credited))
+                    credited = got
+                await asyncio.sleep(0.001)
+
+        await mux.send(slow, fast)
+        await asyncio.wait_for(credit_fast(), 10)
+        assert len(mux.chunks(2)) == n
+        assert mux.chunks(2)[-1]["choices"][0]["finish_reason"] == "length"
+        (stream,) = h.server.servicer._streams
+        await asyncio.sleep(0.2)  # whatever request 1 could still do, it has done
+        assert len(mux.results[1]) == 4 and not mux.done(1)
+        assert stream.backlog() <= QUEUE_LIMIT
+        # Request 1's engine tokens: its 4 sent results, its full queue, and the one its
+        # task holds while it waits for room; the engine has the rest still to produce.
+        assert engine.tokens_sent - n <= 4 + QUEUE_LIMIT + 2
+        # Its client reads again: the request resumes and completes, nothing lost.
+        await mux.send(proxy_pb2.GenerateFrame(id=1, credit=10 * n))
+        await mux.wait(1)
+        assert "".join(c["choices"][0]["text"] for c in mux.chunks(1)) == "".join(
+            c["choices"][0]["text"] for c in mux.chunks(2)
+        )
         mux.call.cancel()
     finally:
         await h.close()

@@ -33,6 +33,13 @@ _COMPLETION = proxy_pb2.GENERATE_KIND_COMPLETION
 # says more than a transport timeout.
 _DEADLINE_GRACE_S = 0.05
 
+# Results of one request the gateway buffers (each request's `window` on the stream): the
+# proxy sends no more until credit comes back, so a client that reads slowly holds back only
+# its own request (docs/services.md, "Multiplexed generation"). Credit goes back in steps of
+# half the window, one frame per CREDIT_STEP results rather than one per result.
+WINDOW = 32
+CREDIT_STEP = WINDOW // 2
+
 
 def _deadline(timeout_s: float | None) -> float:
     now = asyncio.get_running_loop().time()
@@ -46,13 +53,16 @@ def _timeout(address: str) -> ServiceError:
 class _Waiter:
     """The results of one request on a `GenerateStream`, as they arrive."""
 
-    __slots__ = ("error", "future", "results", "started")
+    __slots__ = ("consumed", "error", "future", "results", "started")
 
     def __init__(self) -> None:
+        # At most WINDOW: the proxy sends no more than the credit it was given.
         self.results: list[proxy_pb2.GenerateResult] = []
         self.error: ServiceError | None = None  # the stream ended under this request
         self.started = False
         self.future: asyncio.Future[None] | None = None
+        # Results taken by the client since credit for them last went back.
+        self.consumed = 0
 
     def push(self, result: proxy_pb2.GenerateResult) -> None:
         self.results.append(result)
@@ -116,8 +126,17 @@ class GenerateStream:
         self._next_id += 1
         rid = self._next_id
         waiter = self._waiters[rid] = _Waiter()
-        self._send(proxy_pb2.GenerateFrame(id=rid, kind=kind, request=request))  # type: ignore[arg-type]
+        self._send(
+            proxy_pb2.GenerateFrame(id=rid, kind=kind, request=request, window=WINDOW)  # type: ignore[arg-type]
+        )
         return rid, waiter
+
+    def consumed(self, rid: int, waiter: _Waiter, n: int) -> None:
+        """The client took `n` more results of `rid`: credit them back, a step at a time."""
+        waiter.consumed += n
+        if waiter.consumed >= CREDIT_STEP and rid in self._waiters and self.alive:
+            self._send(proxy_pb2.GenerateFrame(id=rid, credit=waiter.consumed))
+            waiter.consumed = 0
 
     def cancel(self, rid: int) -> None:
         """The request's client went away: the proxy stops it (and aborts its engine request)."""
@@ -292,6 +311,8 @@ class ProxyClient:
                     results = await waiter.take(deadline)
                 except TimeoutError:
                     raise _timeout(self.address) from None
+                # Taken when the client asks for more, i.e. once it has read the last batch.
+                stream.consumed(rid, waiter, len(results))
                 batch: list[bytes] = []
                 for result in results:
                     if result.HasField("error"):

@@ -651,7 +651,15 @@ Global___GenerateFrames: _TypeAlias = GenerateFrames  # noqa: Y015
 
 @_typing.final
 class GenerateFrame(_message.Message):
-    """One frame from the caller: a new request, or the cancellation of one."""
+    """One frame from the caller: a new request, the cancellation of one, or a credit.
+
+    Flow control is per request, because one HTTP/2 stream carries them all (its own window
+    would let one slow reader stall every request on it): a request's `window` says how many
+    of its results the caller buffers. The proxy sends at most that many results of the
+    request beyond the `credit` the caller gave back as its client consumed them; while it has
+    none, it stops reading that request's engine stream, and the engine's own flow control
+    holds the engine back. Other requests keep flowing.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -659,6 +667,8 @@ class GenerateFrame(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     REQUEST_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Chosen by the caller; unique among the requests open on this stream."""
     kind: Global___GenerateKind.ValueType
@@ -666,9 +676,13 @@ class GenerateFrame(_message.Message):
     """The caller gave up on request `id` (its client went away): stop it and
     abort its engine request. Nothing more is sent for that id.
     """
+    window: _builtins.int
+    """With a request: the results of it the caller buffers (0: no limit, no credits)."""
+    credit: _builtins.int
+    """Without a request: the caller's client consumed this many more results of request `id`."""
     @_builtins.property
     def request(self) -> _envelope_pb2.OpenAIRequest:
-        """The request; envelope.stream says whole or streamed. Absent on a cancel."""
+        """The request; envelope.stream says whole or streamed. Absent on a cancel or a credit."""
 
     def __init__(
         self,
@@ -677,10 +691,12 @@ class GenerateFrame(_message.Message):
         kind: Global___GenerateKind.ValueType = ...,
         request: _envelope_pb2.OpenAIRequest | None = ...,
         cancel: _builtins.bool = ...,
+        window: _builtins.int = ...,
+        credit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "kind", b"kind", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "credit", b"credit", "id", b"id", "kind", b"kind", "request", b"request", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
