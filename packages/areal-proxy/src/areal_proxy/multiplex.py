@@ -8,6 +8,14 @@ it as a frame. Each request runs as its own task with exactly the bookkeeping of
 per-call RPCs (`ProxyServicer.run_generation`); its results are queued, and one writer
 sends whatever is queued as one message. Nothing waits to be batched: a frame goes out as
 soon as the previous write finished, so batching only happens when frames pile up anyway.
+
+Flow control is per request (the HTTP/2 window is the whole stream's, so it would let one
+slow client stall every request on it). A request's frame says how many of its results the
+caller buffers (`window`); the caller returns credits as its client consumes them. Results
+without credit wait in that request's own queue, and when `QUEUE_LIMIT` of them wait, the
+request's task waits too: it stops reading its engine stream, and the engine's HTTP flow
+control holds that engine request back. A client that stops reading entirely holds its
+request (and its engine request) until it reads again, cancels, or its deadline passes.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -40,6 +49,33 @@ _RPC_NAMES = {
 }
 
 
+# Results of one request the proxy holds while the caller has given no credit for them;
+# at this many the request's task waits (and so stops reading its engine stream).
+QUEUE_LIMIT = 16
+
+
+class _Flow:
+    """One request's results on their way out, and the credit the caller gave for them."""
+
+    __slots__ = ("credit", "listed", "queue", "space")
+
+    def __init__(self, window: int) -> None:
+        self.queue: deque[proxy_pb2.GenerateResult] = deque()
+        # Results the proxy may still send; -1: no limit (a caller that sets no window).
+        self.credit = window if window > 0 else -1
+        # Queued in the stream's ready list (results and credit both present).
+        self.listed = False
+        # Set while the request's task waits for room in the queue.
+        self.space: asyncio.Future[None] | None = None
+
+    def sendable(self) -> bool:
+        return bool(self.queue) and self.credit != 0
+
+    def wake(self) -> None:
+        if self.space is not None and not self.space.done():
+            self.space.set_result(None)
+
+
 class GenerateStream:
     """One open `Generate` call: its request tasks and its single writer."""
 
@@ -47,6 +83,10 @@ class GenerateStream:
         self.servicer = servicer
         self.context = context
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.flows: dict[int, _Flow] = {}
+        # Flows with results and credit, in the order they became so (the writer's turn).
+        self._ready: deque[_Flow] = deque()
+        # Results to write now: taken from ready flows, or errors outside any flow.
         self._out: list[proxy_pb2.GenerateResult] = []
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
@@ -55,6 +95,18 @@ class GenerateStream:
     def close(self) -> None:
         """Stop reading new frames; the call ends once its running requests are done."""
         self._closing.set()
+
+    def _unmeter(self) -> None:
+        """No frame is read any more, so no credit can arrive: the requests still running
+        send what they produce without one (for as long as the drain lasts, --drain-timeout;
+        a caller that half-closed its side reads to the end anyway)."""
+        for flow in self.flows.values():
+            flow.credit = -1
+            self._list(flow)
+
+    def backlog(self) -> int:
+        """The most results any one request holds here (bounded by QUEUE_LIMIT + 1)."""
+        return max((len(f.queue) for f in self.flows.values()), default=0)
 
     # -- the call --
 
@@ -68,6 +120,7 @@ class GenerateStream:
             await asyncio.wait((reader, closing), return_when=asyncio.FIRST_COMPLETED)
             # The caller closed its side (or we are shutting down): finish what runs.
             reader.cancel()
+            self._unmeter()
             if self.tasks:
                 await asyncio.gather(*self.tasks.values(), return_exceptions=True)
             # The writer sends what is left, then ends the call.
@@ -95,13 +148,17 @@ class GenerateStream:
                     task = self.tasks.get(frame.id)
                     if task is not None:
                         task.cancel()
-                elif frame.id in self.tasks:
+                    self._drop(frame.id)
+                elif frame.credit:
+                    self._grant(frame.id, frame.credit)
+                elif frame.id in self.tasks or frame.id in self.flows:
                     self._emit_error(
                         frame.id,
                         InvalidRequest(f"request id {frame.id} is already in use"),
                     )
                 else:
-                    task = asyncio.ensure_future(self._serve(frame))
+                    flow = self.flows[frame.id] = _Flow(frame.window)
+                    task = asyncio.ensure_future(self._serve(frame, flow))
                     self.tasks[frame.id] = task
                     task.add_done_callback(functools.partial(self._forget, frame.id))
 
@@ -110,13 +167,13 @@ class GenerateStream:
     def _forget(self, rid: int, _task: asyncio.Task[None]) -> None:
         self.tasks.pop(rid, None)
 
-    async def _serve(self, frame: proxy_pb2.GenerateFrame) -> None:
+    async def _serve(self, frame: proxy_pb2.GenerateFrame, flow: _Flow) -> None:
         rid = frame.id
         request = frame.request
         stream = request.envelope.stream
         rpc = _RPC_NAMES.get((frame.kind, stream))
         if rpc is None:
-            self._emit_error(rid, InvalidRequest(f"unknown generation kind {frame.kind}"))
+            self._finish(flow, _error_result(rid, InvalidRequest(f"unknown kind {frame.kind}")))
             return
         handler = self.servicer.handler
         work: Callable[[], Awaitable[None]]
@@ -128,42 +185,100 @@ class GenerateStream:
             async def work() -> None:
                 async with aclosing(gen(request.body, request.envelope)) as chunks:
                     async for data in chunks:
-                        self._emit(proxy_pb2.GenerateResult(id=rid, data=data))
+                        # Waits while the request's queue is full: the next chunk (and the
+                        # engine read behind it) waits for the caller's client.
+                        await self._put(flow, proxy_pb2.GenerateResult(id=rid, data=data))
 
         else:
             fn = handler.chat if frame.kind == _CHAT else handler.completion
 
             async def work() -> None:
                 body, _ = await fn(request.body, request.envelope)
-                self._emit(proxy_pb2.GenerateResult(id=rid, data=body, done=True))
+                self._finish(flow, proxy_pb2.GenerateResult(id=rid, data=body, done=True))
 
         try:
             err = await self.servicer.run_generation(rpc, request, None, work)
         except asyncio.CancelledError:
+            self._drop(rid)
             return  # the caller cancelled this id: it expects nothing more for it
         if err is not None:
-            self._emit_error(rid, err)
+            self._finish(flow, _error_result(rid, err))
         elif stream:
-            self._emit(proxy_pb2.GenerateResult(id=rid, done=True))
+            self._finish(flow, proxy_pb2.GenerateResult(id=rid, done=True))
 
     # -- writing --
 
     def _emit_error(self, rid: int, err: ServiceError) -> None:
-        self._emit(proxy_pb2.GenerateResult(id=rid, done=True, error=err.detail()))
-
-    def _emit(self, result: proxy_pb2.GenerateResult) -> None:
-        self._out.append(result)
+        """An answer to a frame that started no request (it has no flow of its own)."""
+        self._out.append(_error_result(rid, err))
         self._wake.set()
+
+    async def _put(self, flow: _Flow, result: proxy_pb2.GenerateResult) -> None:
+        while len(flow.queue) >= QUEUE_LIMIT:
+            flow.space = asyncio.get_running_loop().create_future()
+            try:
+                await flow.space
+            finally:
+                flow.space = None
+        flow.queue.append(result)
+        self._list(flow)
+
+    def _finish(self, flow: _Flow, result: proxy_pb2.GenerateResult) -> None:
+        """The request's last result: queued without waiting (one more than the limit)."""
+        flow.queue.append(result)
+        self._list(flow)
+
+    def _list(self, flow: _Flow) -> None:
+        if not flow.listed and flow.sendable():
+            flow.listed = True
+            self._ready.append(flow)
+            self._wake.set()
+
+    def _grant(self, rid: int, credit: int) -> None:
+        flow = self.flows.get(rid)
+        if flow is not None and flow.credit >= 0:
+            flow.credit += credit
+            self._list(flow)
+
+    def _drop(self, rid: int) -> None:
+        """The caller gave up on `rid`: nothing more of it is sent."""
+        flow = self.flows.pop(rid, None)
+        if flow is not None:
+            flow.queue.clear()
+            flow.wake()
+
+    def _take_ready(self) -> None:
+        """Move every result that has credit to the write queue, one flow after another."""
+        ready, out = self._ready, self._out
+        while ready:
+            flow = ready.popleft()
+            flow.listed = False
+            queue = flow.queue
+            n = len(queue) if flow.credit < 0 else min(flow.credit, len(queue))
+            if flow.credit > 0:
+                flow.credit -= n
+            for _ in range(n):
+                result = queue.popleft()
+                out.append(result)
+                if result.done:
+                    self.flows.pop(result.id, None)
+            flow.wake()
 
     async def _write_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._take_ready()
             while self._out:
                 batch, self._out = take_batch(self._out, _result_size)
                 await self.context.write(proxy_pb2.GenerateResults(results=batch))
-            if self._finished:
+                self._take_ready()
+            if self._finished and not self.flows:
                 return
+
+
+def _error_result(rid: int, err: ServiceError) -> proxy_pb2.GenerateResult:
+    return proxy_pb2.GenerateResult(id=rid, done=True, error=err.detail())
 
 
 def _result_size(result: proxy_pb2.GenerateResult) -> int:
