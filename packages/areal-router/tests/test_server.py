@@ -405,11 +405,12 @@ async def test_pins_expire_unless_used_and_the_expiry_is_persisted(tmp_path):
         while asyncio.get_running_loop().time() < deadline:
             assert await h.route("m", session_id="busy") == "m-0"
             await asyncio.sleep(0.1)
-        await eventually(lambda: set(h.server.registry.pins) == {"busy"}, timeout=3)
+        # The group pin lives while one of its sessions is used.
+        await eventually(lambda: set(h.server.registry.pins) == {"group:g", "busy"}, timeout=3)
         err = await rpc_error(h.stub.Route(router_pb2.RouteRequest(session_id="idle")))
         assert err.code() == grpc.StatusCode.NOT_FOUND
-        await eventually(lambda: set(read_state(state)["pins"]) == {"busy"}, timeout=3)
-        assert h.server.registry.proxies["m-0"].sessions == {"busy"}
+        await eventually(lambda: set(read_state(state)["pins"]) == {"group:g", "busy"}, timeout=3)
+        assert h.server.registry.proxies["m-0"].sessions == {"group:g", "busy"}
     finally:
         await stop_router(h)
 

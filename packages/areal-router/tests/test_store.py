@@ -256,6 +256,20 @@ def test_pins_expire_after_their_last_use_in_lru_order():
     assert Registry(pin_ttl=0).expire() == []
 
 
+def test_a_group_pin_lives_while_its_sessions_are_used():
+    clock = Clock()
+    reg = Registry(pin_ttl=100.0, clock=clock)
+    p, _ = reg.upsert_proxy("p0", "127.0.0.1:1", "m")
+    reg.pin(["group:g", "a", "b"], p)
+    for _ in range(5):
+        clock.t += 60
+        reg.touch("a")  # a works for 300 s; nothing routes by the group pin meanwhile
+    assert reg.expire() == ["b"]  # b idle for 300 s
+    assert set(reg.pins) == {"group:g", "a"}  # the group can still be exported by its id
+    clock.t += 101
+    assert sorted(reg.expire()) == ["a", "group:g"]
+
+
 async def test_last_use_is_stored_and_expired_pins_never_serve_after_a_restart(tmp_path):
     path = tmp_path / "state.db"
     clock = Clock()
@@ -263,7 +277,8 @@ async def test_last_use_is_stored_and_expired_pins_never_serve_after_a_restart(t
     store = StateStore(path, reg)
     store.load()
     p, _ = reg.upsert_proxy("p0", "127.0.0.1:1", "m")
-    reg.pin(["old", "used"], p)
+    reg.pin(["old"], p)
+    reg.pin(["used"], p)
     clock.t += 60
     reg.touch("used")
     await store.close()

@@ -427,16 +427,22 @@ class Registry:
                 del self.bundles[head]
 
     def touch(self, session_id: str) -> None:
-        """The pinned session was used: its TTL starts over (O(1)). The new time is written
-        with the next commit, not waited for: losing it on a crash only makes the pin
-        expire up to `touch_granularity` + one sweep earlier."""
+        """The pinned session was used: its TTL starts over (O(1)), and so does that of the
+        pin it was bound with first (a group pin: nothing routes by it until the group is
+        exported, however long its sessions keep working). The new time is written with the
+        next commit, not waited for: losing it on a crash only makes the pin expire up to
+        `touch_granularity` + one sweep earlier."""
         if not self.pin_ttl:
             return
-        used = self.pin_used.get(session_id)
-        if used is None:
-            return
         now = self.clock()
-        if now - used < self.touch_granularity:
+        self._touch(session_id, now)
+        head = self.bound_by.get(session_id)
+        if head is not None and head != session_id:
+            self._touch(head, now)
+
+    def _touch(self, session_id: str, now: float) -> None:
+        used = self.pin_used.get(session_id)
+        if used is None or now - used < self.touch_granularity:
             return
         self.pin_used[session_id] = now
         self.pin_used.move_to_end(session_id)
