@@ -445,3 +445,50 @@ def test_blank_service_and_negative_grace_are_refused_alike(fakes, group):
         assert r.code == 2, (argv, r.out, r.err)
         assert "Traceback" not in r.err
         assert "--service" in r.err or "--grace-period" in r.err, r.err
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(e.decode().partition("=")[::2] for e in raw if e)
+
+
+def test_session_key_secret_only_to_the_gateway_and_kept_across_its_restart(clean):
+    """The gateway signs session keys with AREAL_SESSION_KEY_SECRET: generated at `run`,
+    kept in the 0600 secrets file only, given to the gateway alone, and given again to the
+    gateway the watchdog restarts (so the keys its predecessor minted keep working)."""
+    f = clean
+    r = _run_detached(f)
+    assert r.code == 0, r.err
+    try:
+        secret = st.load_secrets("inf", "default")["session_key_secret"]
+        assert len(secret) >= 32
+        s = st.load("inf", "default")
+        assert secret not in st.state_path("inf", "default").read_text()
+        comps = s["components"]
+        old = comps["gateway"]
+        assert "AREAL_SESSION_KEY_SECRET" in old["meta"]["secret_env"]
+        assert _environ(old["pid"])["AREAL_SESSION_KEY_SECRET"] == secret
+        for name in set(comps) - {"gateway"}:  # the router and the watchdog
+            env = _environ(comps[name]["pid"])
+            assert "AREAL_SESSION_KEY_SECRET" not in env and secret not in env.values(), name
+        os.kill(old["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        new = old
+        while time.monotonic() < deadline:
+            new = st.load("inf", "default")["components"]["gateway"]
+            if new["pid"] != old["pid"] and _wait_alive(new["pid"]):
+                break
+            time.sleep(0.2)
+        assert new["pid"] != old["pid"], "the watchdog did not restart the gateway"
+        assert _environ(new["pid"])["AREAL_SESSION_KEY_SECRET"] == secret
+    finally:
+        # Also when an assertion failed: the watchdog would restart what the fixture kills.
+        assert f.cli("inf", "stop", "--force").code == 0
+
+
+def _wait_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -26,6 +26,10 @@ from areal_cli.errors import CLIError
 from areal_cli.private_files import make_dir
 from areal_cli.supervisor import Component, LaunchError
 
+# The gateway reads its session-key signing secret from here (areal_runtime.session_keys
+# SECRET_ENV; the CLI does not depend on the runtime package).
+SESSION_KEY_SECRET_ENV = "AREAL_SESSION_KEY_SECRET"
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 BINARIES = {
@@ -92,11 +96,21 @@ def progress(msg: str) -> None:
 class Launcher:
     """Spawns and records components of one service; `abort()` stops what it started."""
 
-    def __init__(self, group: str, service: str, state: dict[str, Any], env: dict[str, str]):
+    def __init__(
+        self,
+        group: str,
+        service: str,
+        state: dict[str, Any],
+        env: dict[str, str],
+        gateway_env: dict[str, str] | None = None,
+    ):
         self.group = group
         self.service = service
         self.state = state
         self.env = env  # secrets etc. for services (never on argv)
+        # What only the gateway gets on top of `env` (the session-key secret): the router,
+        # proxies and engines never need it.
+        self.gateway_env = gateway_env or {}
         self.procs: dict[int, Any] = {}
         self.started: list[Component] = []
         self.began = time.monotonic()
@@ -273,9 +287,23 @@ def run_service(
                 f"(or {port_setting})"
             )
         token = secrets.token_urlsafe(32)
-        secret_doc = {"admin_api_key": admin_api_key, "internal_token": token}
+        # Signs the gateway's session keys; kept with the other secrets so the watchdog gives
+        # a restarted gateway the same one (its sessions' keys keep working). Per run, like
+        # the sessions themselves.
+        session_key_secret = secrets.token_urlsafe(32)
+        secret_doc = {
+            "admin_api_key": admin_api_key,
+            "internal_token": token,
+            "session_key_secret": session_key_secret,
+        }
         st.save_secrets(group, service, {**secret_doc, **(extra_secrets or {})})
-        launcher = Launcher(group, service, new_state(), {"AREAL_INTERNAL_TOKEN": token})
+        launcher = Launcher(
+            group,
+            service,
+            new_state(),
+            {"AREAL_INTERNAL_TOKEN": token},
+            gateway_env={SESSION_KEY_SECRET_ENV: session_key_secret},
+        )
         try:
             with stop_signals():
                 start(launcher)
@@ -363,7 +391,7 @@ def start_router_gateway(
     ready = launcher.ready_file("gateway")
     argv = [gateway_bin, "--host", host, "--port", str(port), "--ready-file", str(ready)]
     argv += [*common_args, *gateway_args, "--router-addr", address]
-    env = {**launcher.env, "AREAL_ADMIN_API_KEY": admin_api_key}
+    env = {**launcher.env, **launcher.gateway_env, "AREAL_ADMIN_API_KEY": admin_api_key}
     proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=host, port=port)
     ginfo: dict[str, Any] = {}
     file_ok = Launcher.ready_check(ready, proc.pid, ginfo)

@@ -63,6 +63,9 @@ SECRET_ENV = {
     "AREAL_INTERNAL_TOKEN": "internal_token",
     "AREAL_ADMIN_API_KEY": "admin_api_key",
     "AREAL_PROXY_INF_ADMIN_API_KEY": "inf_admin_api_key",
+    # The gateway's session-key signing secret: a restarted gateway must accept the keys
+    # the one before it minted.
+    "AREAL_SESSION_KEY_SECRET": "session_key_secret",
 }
 # Engines answer /health slowly under load (CPU engines especially): they need this many
 # times `hung_after` failed probes before they count as hung.
