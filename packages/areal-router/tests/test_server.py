@@ -490,6 +490,44 @@ async def test_metrics_endpoint():
         await stop_router(h)
 
 
+async def test_a_bind_is_answered_after_its_commit_and_other_rpcs_run_meanwhile(tmp_path):
+    """A slow disk: the bind's answer waits for its commit (a router killed right after the
+    answer restarts with the pin), and the commit runs off the event loop, so other RPCs are
+    answered while it is under way."""
+    import threading
+    import time as _time
+
+    state = tmp_path / "router-state.db"
+    h = await start_router(replace(FAST, state_file=str(state)))
+    try:
+        await h.add_proxy("m-0", "m")
+        store = h.server.store
+        assert store is not None
+        real_commit = store._commit
+        in_commit, committed = threading.Event(), threading.Event()
+
+        def slow(batch):
+            in_commit.set()
+            _time.sleep(0.5)
+            real_commit(batch)
+            committed.set()
+
+        store._commit = slow  # type: ignore[method-assign]
+        bind = asyncio.ensure_future(
+            h.stub.BindSession(router_pb2.BindSessionRequest(session_ids=["s0"], model="m"))
+        )
+        await eventually(in_commit.is_set, what="the commit to start")
+        listed = await h.stub.ListProxies(router_pb2.ListProxiesRequest())
+        assert [p.sessions for p in listed.proxies] == [1]
+        assert not committed.is_set()  # answered while the commit was still running
+        assert not bind.done()  # and the bind is not answered before it
+        await bind
+        assert committed.is_set()
+        assert read_state(state)["pins"] == {"s0": "m-0"}
+    finally:
+        await stop_router(h)
+
+
 async def test_state_file_restores_registrations_and_pins(tmp_path):
     state = tmp_path / "router-state.json"
     settings = replace(FAST, state_file=str(state))
