@@ -14,7 +14,7 @@ import pytest
 from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
 from areal_runtime.session_keys import mint_key, new_id
 
 
@@ -200,3 +200,13 @@ async def test_a_session_turn_that_cannot_fit_is_refused_before_its_turn_is_look
         assert looked_up == [1]
     finally:
         await h.close()
+
+
+def test_a_prompt_over_the_limit_is_counted_not_listed():
+    tok = ModelTokenizer.from_dir(PARROT)
+    for text in ("hello world " * 10, "hello world " * 1000):  # the plain and the batch path
+        n = len(tok.encode(text))
+        with pytest.raises(PromptTooLong) as info:
+            tok.encode(text, limit=n)
+        assert (info.value.tokens, info.value.exact) == (n, True)
+        assert len(tok.encode(text, limit=n + 1)) == n

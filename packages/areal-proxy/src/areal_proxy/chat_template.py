@@ -14,20 +14,13 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from areal_proxy.recording.concat import continue_tokens
-from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
+
+__all__ = ["ChatTemplate", "PromptBuilder", "PromptTooLong", "TemplateError"]
 
 
 class TemplateError(Exception):
     """The template refused the conversation (raise_exception) or failed to render."""
-
-
-class PromptTooLong(Exception):
-    """The rendered prompt is at least `tokens` tokens, which the context cannot hold (known
-    from its length, before it was tokenized)."""
-
-    def __init__(self, tokens: int) -> None:
-        super().__init__(f"the prompt is at least {tokens} tokens")
-        self.tokens = tokens
 
 
 def _raise_exception(message: str) -> None:
@@ -165,7 +158,7 @@ class PromptBuilder:
                 return [*previous_ids, *self._tok.encode(full[cut:])]
         if rendered is None:
             rendered = self.render_checked(messages, tools, extra, limit)
-        return self._tok.encode(rendered)
+        return self._tok.encode(rendered, limit=limit)
 
     def render_checked(
         self,
@@ -178,5 +171,5 @@ class PromptBuilder:
         at least `limit` tokens (0 = no limit)."""
         text = self.render(messages, tools, extra)
         if limit > 0 and (n := self._tok.min_tokens(text)) >= limit:
-            raise PromptTooLong(n)
+            raise PromptTooLong(n, exact=False)
         return text

@@ -144,7 +144,7 @@ class InferenceHandler:
                 req.messages, req.tools, req.template_kwargs, self.context_length
             )
         except PromptTooLong as e:
-            raise self._too_long(e.tokens, "messages", at_least=True) from None
+            raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
 
@@ -163,7 +163,7 @@ class InferenceHandler:
                 rendered=rendered,
             )
         except PromptTooLong as e:
-            raise self._too_long(e.tokens, "messages", at_least=True) from None
+            raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
 
@@ -188,7 +188,10 @@ class InferenceHandler:
         ctx = self.context_length
         if ctx and (n := self.tok.min_tokens(text)) >= ctx:
             raise self._too_long(n, "prompt", at_least=True)
-        ids = self.tok.encode(text, add_special_tokens=True)
+        try:
+            ids = self.tok.encode(text, add_special_tokens=True, limit=ctx)
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, "prompt") from None
         if not ids:
             raise bad("'prompt' encodes to no tokens", "prompt")
         return ids

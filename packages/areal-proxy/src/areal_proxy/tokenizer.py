@@ -17,6 +17,16 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _ENCODE_INLINE_CHARS = 4096
 
 
+class PromptTooLong(Exception):
+    """The prompt has `tokens` tokens (`exact`) or at least that many (known from its length
+    alone), which the context cannot hold."""
+
+    def __init__(self, tokens: int, *, exact: bool = True) -> None:
+        super().__init__(f"the prompt is {'' if exact else 'at least '}{tokens} tokens")
+        self.tokens = tokens
+        self.exact = exact
+
+
 def _gpt2_byte_decoder() -> dict[str, int]:
     """The printable-character alphabet of byte-level BPE, back to bytes."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
@@ -180,15 +190,22 @@ class ModelTokenizer:
             _byte_fallback="ByteFallback" in kinds,
         )
 
-    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False, limit: int = 0) -> list[int]:
+        """Token ids of `text`; PromptTooLong if there are `limit` or more (0 = no limit)."""
         if len(text) > _ENCODE_INLINE_CHARS:
             # The tokenizers library holds the GIL for the whole of `encode` (measured: a
             # thread encoding 1 MB let the event loop run twice in 130 ms), but releases it in
             # the batch encoders: a long prompt, tokenized on a worker thread, then leaves
             # the loop free. Same ids (the same pipeline); `_fast` skips the offsets.
             batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-            return batch([text], add_special_tokens=add_special_tokens)[0].ids
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            enc = batch([text], add_special_tokens=add_special_tokens)[0]
+        else:
+            enc = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        # Counted before the ids become a Python list: building a list of millions of ints
+        # holds the GIL (half a second for 5.8 M), for a prompt refused anyway.
+        if limit and len(enc) >= limit:
+            raise PromptTooLong(len(enc))
+        return enc.ids
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on len(encode(text)), from its length alone (0 when unknown).
