@@ -16,7 +16,9 @@ model's 2048):
    answered once.
 
 Meanwhile the router's view of the proxy (`GET /admin/workers`) is read every 0.2 s: the
-`unhealthy` column counts reads that saw it other than HEALTHY. With the model's 2048-token
+`unhealthy` column counts reads that saw it UNHEALTHY; and the proxy's own `GetStats` (what
+the router polls) is timed straight to the proxy every 0.1 s; `CPU gw/proxy` is the share of
+one core the gateway and the proxy used over the phase. With the model's 2048-token
 context a 7 MB prompt cannot fit and should be refused at once; with `--context-length
 1000000` no cheap bound can refuse it (7 M characters / 13 bytes at most per token of this
 vocabulary is ~540 k tokens), so it is tokenized in full (5.8 M tokens) before it is refused:
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import string
@@ -36,6 +39,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import grpc
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +48,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
 
 from areal_cli import supervisor  # noqa: E402
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc  # noqa: E402
 
 SMALL = orjson.dumps(
     {"model": "tiny-parrot", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
@@ -64,6 +69,13 @@ def big_body(mb: float) -> bytes:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """Seconds of CPU (user + system) the process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _q(lat: list[float]) -> tuple[float, float, float]:
     if not lat:
         return (0.0, 0.0, 0.0)
@@ -74,7 +86,7 @@ def _q(lat: list[float]) -> tuple[float, float, float]:
 
 
 async def phase(
-    gateway: str, seconds: float, keys: list[str], big: bytes | None
+    gateway: str, seconds: float, keys: list[str], big: bytes | None, proxy: tuple[str, str]
 ) -> dict[str, object]:
     """Small chats one at a time for `seconds` (and, with `big`, until each key's big request
     was answered once), the router's health reads, the big requests' outcomes."""
@@ -83,6 +95,7 @@ async def phase(
     unhealthy = 0
     reads = 0
     bigs: list[tuple[int, float, str]] = []
+    stats_lat: list[float] = []
     stop = asyncio.Event()
     admin = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=600)
@@ -111,6 +124,18 @@ async def phase(
                     unhealthy += 1
                 await asyncio.sleep(0.2)
 
+        async def stats() -> None:
+            # The proxy's own GetStats (what the router polls), straight to it, every 0.1 s.
+            address, token = proxy
+            async with grpc.aio.insecure_channel(address) as ch:
+                stub = proxy_pb2_grpc.ProxyStatusServiceStub(ch)
+                md = (("x-areal-internal-token", token),)
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    await stub.GetStats(proxy_pb2.GetStatsRequest(), metadata=md, timeout=60)
+                    stats_lat.append(time.perf_counter() - t0)
+                    await asyncio.sleep(0.1)
+
         async def heavy(key: str, done: asyncio.Event) -> None:
             headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
             while not stop.is_set():
@@ -126,7 +151,7 @@ async def phase(
                 done.set()
 
         dones = [asyncio.Event() for _ in keys] if big is not None else []
-        tasks = [asyncio.ensure_future(small()), asyncio.ensure_future(poll())]
+        tasks = [asyncio.ensure_future(t()) for t in (small, poll, stats)]
         tasks += [asyncio.ensure_future(heavy(k, d)) for k, d in zip(keys, dones, strict=True)]
         await asyncio.sleep(seconds)
         for d in dones:
@@ -134,7 +159,9 @@ async def phase(
         stop.set()
         await asyncio.gather(*tasks)
     p50, p99, mx = _q(small_lat)
+    s50, s99, smx = _q(stats_lat)
     return {
+        "stats": (s50, s99, smx),
         "n": len(small_lat),
         "err": small_err,
         "p50": p50,
@@ -165,9 +192,18 @@ def scenario(tmp: Path, engine_url: str, ctx: int, args: argparse.Namespace, big
                 "/rl/start_session", json={"task_id": "stall", "group_size": args.big}
             ).json()
         keys = [s["session_api_key"] for s in g["sessions"]]
-        quiet = asyncio.run(phase(stack.gateway_url, args.quiet_s, [], None))
-        loaded = asyncio.run(phase(stack.gateway_url, args.loaded_s, keys, big))
-        return [quiet, loaded]
+        proxy = (stack.proxies[0].address, stack.env["AREAL_INTERNAL_TOKEN"])
+        pids = {"gateway": stack.gateway.popen.pid, "proxy": stack.proxies[0].popen.pid}
+        out = []
+        for keys_, big_, secs in (([], None, args.quiet_s), (keys, big, args.loaded_s)):
+            before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+            t0 = time.perf_counter()
+            r = asyncio.run(phase(stack.gateway_url, secs, keys_, big_, proxy))
+            wall = time.perf_counter() - t0
+            # Share of one core each process used over the phase.
+            r["cpu"] = {k: (cpu_seconds(pid) - before[k]) / wall for k, pid in pids.items()}
+            out.append(r)
+        return out
     finally:
         stack.stop()
 
@@ -198,12 +234,14 @@ def main() -> int:
     )
     hdr = (
         f"{'context':>9} {'phase':<7} | {'n':>5} {'err':>4} {'p50':>8} {'p99':>8} {'max':>8} | "
-        f"{'unhealthy':>9} | big requests: status x count (mean s, code)"
+        f"{'unhealthy':>9} | {'GetStats p50':>12} {'p99':>7} {'max':>7} | {'CPU gw/proxy':>12} | "
+        "big requests: status x count (mean s, code)"
     )
     print(hdr)
     print("-" * len(hdr))
     for ctx, (quiet, loaded) in results:
         for name, r in (("quiet", quiet), ("loaded", loaded)):
+            st = r["stats"]
             by: dict[tuple[int, str], list[float]] = {}
             for status, secs, code in r["bigs"]:  # type: ignore[attr-defined]
                 by.setdefault((status, code), []).append(secs)
@@ -213,7 +251,9 @@ def main() -> int:
             )
             print(
                 f"{ctx or 2048:>9} {name:<7} | {r['n']:>5} {r['err']:>4} {r['p50']:>8.2f} "
-                f"{r['p99']:>8.2f} {r['max']:>8.1f} | {r['unhealthy']:>4}/{r['reads']:<4} | {bigs}"
+                f"{r['p99']:>8.2f} {r['max']:>8.1f} | {r['unhealthy']:>4}/{r['reads']:<4} | "
+                f"{st[0]:>12.2f} {st[1]:>7.2f} {st[2]:>7.1f} | "
+                f"{r['cpu']['gateway']:>5.2f}/{r['cpu']['proxy']:<6.2f} | {bigs}"
             )
         ratio = loaded["p99"] / quiet["p99"] if quiet["p99"] else 0.0
         print(f"{'':>9} loaded p99 / quiet p99 = {ratio:.1f}x")
