@@ -36,8 +36,9 @@ stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
 stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
 stage "unit tests" unit_tests
 # One engine at a time: the SGLang session engine and vLLM would share 2 cores and 6.5 GB.
-# The real model's suites (its engine, a fresh set-up) run in a stage of their own, last.
-real_model_tests=(tests/e2e/test_real_model.py tests/e2e/test_setup_model.py)
+# The real model's suites (its engine, a fresh set-up, a 2-step GRPO smoke run) run in a
+# stage of their own, last.
+real_model_tests=(tests/e2e/test_real_model.py tests/e2e/test_setup_model.py tests/train/test_smol_grpo.py)
 stage "e2e tests (SGLang engine)" uv run --quiet pytest -q -p no:cacheprovider tests \
   --ignore=tests/e2e/test_vllm_engine.py "${real_model_tests[@]/#/--ignore=}"
 stage "e2e tests (vLLM engine)" env AREAL_TEST_REQUIRE_VLLM=1 \
