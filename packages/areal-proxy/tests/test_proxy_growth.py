@@ -194,3 +194,27 @@ async def test_export_starts_retention_and_the_expiry_pass_deletes(monkeypatch):
         assert h.server.store.interaction_count() == 0
     finally:
         await h.close()
+
+
+async def test_a_long_sessions_export_streams_in_chunks_under_the_message_limit():
+    h = await start(FakeEngineClient([7, EOS]))
+    try:
+        sid = await _conversation(h, 1)
+        store = h.server.store
+        ids = list(range(100_000))  # a long turn: ~1.5 MB of JSON per row
+        for seq in range(1, 21):
+            it = Interaction(new_id("int"), sid, seq, [], {}, ids, [1], [0.0], [0], "stop")
+            store.add_interaction(it)
+        sizes, rows = [], 0
+        async for chunk in h.stub.ExportTrajectories(
+            proxy_pb2.ExportTrajectoriesRequest(
+                session_ids=[sid], style="individual", discount=1.0, envelope=ADMIN
+            )
+        ):
+            sizes.append(len(chunk.jsonl))
+            rows += chunk.rows
+        assert rows == 21
+        # 256 rows a chunk made this one 30 MB message (a longer session passed gRPC's limit).
+        assert len(sizes) > 1 and max(sizes) < 4 * 1024 * 1024, sizes
+    finally:
+        await h.close()

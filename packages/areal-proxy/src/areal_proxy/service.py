@@ -41,6 +41,9 @@ from areal_runtime.errors import (
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _CHUNK_ROWS = 256
+# ... and about this many bytes at most (+ one row): 256 rows of a long session's turns
+# (25 k tokens each) made a 50 MB chunk, over gRPC's message limit (the export failed 429).
+_CHUNK_BYTES = 2 * 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +428,14 @@ class ProxyServicer(
                 return sessions, book.export_rows(sessions, style, request.discount)
 
             def next_chunk(rows: Iterator[dict[str, Any]]) -> list[bytes]:
-                return [orjson.dumps(r) + b"\n" for r in itertools.islice(rows, _CHUNK_ROWS)]
+                out: list[bytes] = []
+                size = 0
+                for r in itertools.islice(rows, _CHUNK_ROWS):
+                    out.append(orjson.dumps(r) + b"\n")
+                    size += len(out[-1])
+                    if size >= _CHUNK_BYTES:
+                        break
+                return out
 
             # Reading the rows, building and serializing them: on the recording thread, one
             # chunk at a time (other recording work runs between chunks), never on the loop.
