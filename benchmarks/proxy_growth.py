@@ -107,19 +107,23 @@ def run(tmp: Path, engine_url: str, template: str, turns: int) -> list[str]:
                             f"request body {body / 1e3:>7.1f} kB"
                         )
                         prev_turn, prev_bytes, lat = turn, now, []
+                        print(lines[-1], flush=True)
             t0 = time.perf_counter()
             e = admin.post(
                 "/rl/export_trajectories",
                 json={"session_ids": [sid], "style": "individual"},
                 timeout=600,
             )
-            e.raise_for_status()
-            rows = e.json()["rows"]
-            tokens = sum(len(r["input_ids"]) for r in rows)
-            lines.append(
-                f"{template:<7} export: {len(rows)} rows, {tokens:,} tokens in all, "
-                f"{len(e.content) / 1e6:.1f} MB of JSON in {time.perf_counter() - t0:.2f} s"
-            )
+            if e.status_code != 200:
+                lines.append(f"{template:<7} export FAILED: {e.status_code} {e.text[:200]}")
+            else:
+                rows = e.json()["rows"]
+                tokens = sum(len(r["input_ids"]) for r in rows)
+                lines.append(
+                    f"{template:<7} export: {len(rows)} rows, {tokens:,} tokens in all, "
+                    f"{len(e.content) / 1e6:.1f} MB of JSON in {time.perf_counter() - t0:.2f} s"
+                )
+            print(lines[-1], flush=True)
     finally:
         stack.stop()
     return lines
