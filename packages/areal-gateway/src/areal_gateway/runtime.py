@@ -18,9 +18,11 @@ from areal_gateway.auth import Authenticator
 from areal_gateway.catalog import ModelCatalog
 from areal_gateway.clients import AgentProxyPool, ProxyPool, RouterClient
 from areal_gateway.external import ExternalForwarder
+from areal_gateway.health import ServiceHealth
 from areal_gateway.metrics import Metrics
 from areal_gateway.routing import RouteTable
 from areal_gateway.settings import SESSION_KEY_SECRET_ENV, Settings
+from areal_runtime.errors import InternalAuthFailed, ServiceError
 from areal_runtime.session_keys import SessionKeys
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class Gateway:
         self._external: ExternalForwarder | None = None
         self._agents: AgentProxyPool | None = None  # agent mode
         self._routes: RouteTable | None = None
+        self._health: ServiceHealth | None = None
         self._closed = False
 
     # The clients exist between start() and aclose(); endpoints only run in between.
@@ -59,6 +62,11 @@ class Gateway:
     def router(self) -> RouterClient:
         assert self._router is not None, "gateway not started"
         return self._router
+
+    @property
+    def health(self) -> ServiceHealth:
+        assert self._health is not None, "gateway not started"
+        return self._health
 
     @property
     def routes(self) -> RouteTable:
@@ -93,6 +101,7 @@ class Gateway:
         self._proxies = ProxyPool(token, streams=self.settings.proxy_streams)
         self._routes = RouteTable(self._router)
         self._catalog = ModelCatalog(self._router)
+        self._health = ServiceHealth(self._router)
         self._external = ExternalForwarder()
         self._agents = AgentProxyPool(token)
         # Connect to the router before serving (the CLI starts it first), so the first
@@ -101,6 +110,17 @@ class Gateway:
             log.warning(
                 "router %s not reachable yet; requests will retry it", self.settings.router_addr
             )
+            return
+        # One real RPC with the internal token: a gateway whose token the router refuses
+        # would otherwise start healthy and fail every request. InternalAuthFailed propagates
+        # (server.run turns it into a one-line error and a non-zero exit); anything else is
+        # the router's momentary trouble, which requests will meet and report themselves.
+        try:
+            await self._router.list_models()
+        except InternalAuthFailed:
+            raise
+        except ServiceError as exc:
+            log.warning("router %s: start-up probe failed: %s", self.settings.router_addr, exc)
 
     async def aclose(self, grace: float | None = None) -> None:
         if self._closed or self._router is None:
@@ -110,6 +130,8 @@ class Gateway:
         assert self._catalog is not None and self._proxies is not None
         assert self._external is not None
         await self._catalog.aclose()
+        if self._health is not None:
+            await self._health.aclose()
         await asyncio.gather(
             self._proxies.close(grace),
             self._router.close(grace),

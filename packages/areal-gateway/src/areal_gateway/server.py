@@ -24,6 +24,7 @@ from areal_gateway.app import create_app
 from areal_gateway.fastpath import GenerationFastPath
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings, validate
+from areal_runtime.errors import InternalAuthFailed
 from areal_runtime.logs import mask
 from areal_runtime.ready import write_ready_file
 
@@ -106,6 +107,19 @@ async def run(settings: Settings) -> int:
     app = create_app(settings)
     gateway: Gateway = app.state.gateway
     server = make_server(settings, app)
+    try:
+        # Here rather than in the app's lifespan (where it runs again as a no-op): a refused
+        # internal token is a one-line error and a non-zero exit, not a startup traceback.
+        await gateway.start()
+    except InternalAuthFailed:
+        log.error(
+            "internal authentication with the router at %s failed: it refused this "
+            "gateway's AREAL_INTERNAL_TOKEN (the router and the gateway need the same token)",
+            settings.router_addr,
+        )
+        await gateway.aclose()
+        sock.close()
+        return 1
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

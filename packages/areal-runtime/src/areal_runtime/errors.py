@@ -26,6 +26,7 @@ The hierarchy (status, OpenAI `type`, default `code`; `-` = none, sent as null):
     │   └── AgentError            500  agent_error            agent_error
     ├── Unimplemented             501  not_implemented_error  not_implemented
     ├── UpstreamError             502  api_error              upstream_error
+    │   └── InternalAuthFailed    502  api_error              internal_auth_failed
     ├── Unavailable               503  service_unavailable    -
     │   ├── Draining              503  service_unavailable    draining
     │   ├── NoHealthyReplica      503  service_unavailable    no_healthy_replica
@@ -286,6 +287,15 @@ class UpstreamError(_Typed):
     code = "upstream_error"
 
 
+class InternalAuthFailed(UpstreamError):
+    """A service this one called refused its internal token (AREAL_INTERNAL_TOKEN differs
+    between them): the deployment is misconfigured, not the client. A 502, never the client
+    401 it would read as "your key is wrong"."""
+
+    code = "internal_auth_failed"
+    codes = ("internal_auth_failed",)
+
+
 class Unavailable(_Typed):
     """Cannot serve now; the same request may succeed later or elsewhere."""
 
@@ -358,6 +368,7 @@ ERROR_CLASSES: tuple[type[_Typed], ...] = (
     AgentError,
     Unimplemented,
     UpstreamError,
+    InternalAuthFailed,
     Unavailable,
     Draining,
     NoHealthyReplica,
@@ -411,8 +422,8 @@ async def abort(context: grpc.aio.ServicerContext, err: ServiceError) -> None:
 def from_rpc_error(exc: grpc.RpcError, *, target: str = "upstream") -> ServiceError:
     """Turn a failed gRPC call into the ServiceError subclass the server raised (the caller
     never sees grpc). A status without a detail (a transport failure, another server) maps
-    by status: UNAVAILABLE is `UpstreamUnavailable`, DEADLINE_EXCEEDED `UpstreamTimeout`, an
-    unmapped status `UpstreamError`."""
+    by status: UNAVAILABLE is `UpstreamUnavailable`, DEADLINE_EXCEEDED `UpstreamTimeout`,
+    UNAUTHENTICATED `InternalAuthFailed`, an unmapped status `UpstreamError`."""
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == ERROR_METADATA_KEY:
@@ -426,6 +437,13 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "upstream") -> ServiceEr
         return UpstreamUnavailable(f"{target} unavailable: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return UpstreamTimeout(f"{target} did not answer before the deadline")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # Without a detail it is the callee's InternalTokenInterceptor refusing our token (a
+        # caller's own key, refused by the service, always travels with its ErrorDetail).
+        return InternalAuthFailed(
+            f"{target} refused this service's internal token (internal authentication "
+            f"failed: AREAL_INTERNAL_TOKEN differs between them): {details}"
+        )
     status = _TO_HTTP.get(code)
     if status is None:
         return UpstreamError(f"{target} failed: {code.name}: {details}")

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from areal_gateway.clients.common import (
+    ensure_connected,
     open_channel,
     proxy_error,
     read_messages,
@@ -40,11 +41,13 @@ class AgentProxyClient:
     async def _unary(
         self, method: Any, request: Any, timeout_s: float | None, md: Sequence[tuple[str, str]]
     ) -> Any:
+        # The request leaves with the call: "unreachable" is decided before sending it.
+        await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = method(request, timeout=timeout_s, metadata=md)
         try:
             return await call
         except grpc.RpcError as exc:
-            raise proxy_error(exc, self.address, started=False) from None
+            raise proxy_error(exc, self.address, started=True) from None
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -85,6 +88,7 @@ class AgentProxyClient:
         self, request: proxy_pb2.AgentTurnRequest, timeout_s: float | None
     ) -> AsyncIterator[tuple[str, bytes]]:
         """(event type, JSON data) as the agent emits them; a failure is a `ServiceError`."""
+        await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = self._stub.AgentTurn(request, timeout=timeout_s, metadata=self._md)
         async for msg in read_messages(call, self.address):
             yield msg.type, bytes(msg.data)
@@ -94,7 +98,7 @@ class AgentProxyClient:
     ) -> list[bytes]:
         """The exported rows as JSON-lines chunks."""
         call = self._stub.ExportAgentTrajectories(request, timeout=timeout_s, metadata=self._md)
-        return [bytes(msg.jsonl) async for msg in read_messages(call, self.address, started=True)]
+        return [bytes(msg.jsonl) async for msg in read_messages(call, self.address)]
 
 
 class AgentProxyPool:

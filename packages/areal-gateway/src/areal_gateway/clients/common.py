@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,13 +32,9 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.http2.max_pings_without_data", 0),
 )
 
-# What grpc reports when it could not open a connection to the target at all.
-_CONNECT_FAILURE_MARKERS = (
-    "failed to connect",
-    "connection refused",
-    "connect failed",
-    "dns resolution failed",
-)
+# Seconds a per-call request (--no-proxy-streams) waits for a connection to its proxy before
+# the proxy counts as unreachable (the request is then routed again: nothing was sent).
+CONNECT_TIMEOUT = 5.0
 
 
 class ProxyUnreachable(Unavailable):
@@ -54,44 +51,70 @@ def _has_detail(exc: grpc.RpcError) -> bool:
     return any(key == ERROR_METADATA_KEY for key, _ in trailing or ())
 
 
-def _is_connect_failure(exc: grpc.RpcError) -> bool:
-    if not hasattr(exc, "code") or exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
-    details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
-    return any(marker in details for marker in _CONNECT_FAILURE_MARKERS)
-
-
 def proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceError:
-    """Map a failed proxy call: its own OpenAI error passes through; a transport failure is a
-    bad gateway (502), except that a refused connection before anything arrived is
-    `ProxyUnreachable` (retryable on another replica)."""
+    """Map a failed proxy call: its own OpenAI error passes through; a refused internal token
+    is `InternalAuthFailed` (502); a transport failure is a bad gateway (502), except that
+    one before anything was sent (`started` False: the stream never opened) is
+    `ProxyUnreachable`, retryable on another replica.
+
+    The decision is the caller's knowledge of what it sent, plus the status code: never
+    grpc's wording of the failure, which differs between versions and transports."""
     if _has_detail(exc):
         return from_rpc_error(exc, target="proxy")
-    if not started and _is_connect_failure(exc):
-        return ProxyUnreachable(address, exc.details() or "connection failed")
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     if code == grpc.StatusCode.UNAVAILABLE:
+        if not started:
+            return ProxyUnreachable(address, exc.details() or "connection failed")
         return UpstreamError(f"proxy {address} failed: {exc.details() or 'unavailable'}")
     return from_rpc_error(exc, target=f"proxy {address}")
+
+
+async def ensure_connected(
+    channel: grpc.aio.Channel, address: str, timeout_s: float = CONNECT_TIMEOUT
+) -> None:
+    """Return once `channel` has a connection (READY), else raise `ProxyUnreachable`.
+
+    For a call that carries its request as it starts (unary, server-streaming): once sent,
+    a failure may come after the proxy began generating, and generation is never retried.
+    So the one case that may go elsewhere is decided before sending, from the channel's
+    state: a connection attempt that failed (TRANSIENT_FAILURE) or none within `timeout_s`.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state in (
+            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN,
+        ):
+            raise ProxyUnreachable(address, f"no connection ({state.name.lower()})")
+        left = deadline - loop.time()
+        if left <= 0:
+            raise ProxyUnreachable(address, f"no connection within {timeout_s:g} s")
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+        except TimeoutError:
+            raise ProxyUnreachable(address, f"no connection within {timeout_s:g} s") from None
+        state = channel.get_state(try_to_connect=True)
 
 
 def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
-async def read_messages(call: Any, address: str, *, started: bool = False) -> AsyncIterator[Any]:
-    """The messages of a server-streaming proxy call. A failure is a `ServiceError` (one before
-    the first message may be `ProxyUnreachable` unless `started`); when the consumer stops
-    early (its client went away) the call is cancelled, so the proxy sees it."""
+async def read_messages(call: Any, address: str) -> AsyncIterator[Any]:
+    """The messages of a server-streaming proxy call, whose request left with the call: a
+    failure is a `ServiceError`, never `ProxyUnreachable` (`ensure_connected` decides that
+    before the call). When the consumer stops early (its client went away) the call is
+    cancelled, so the proxy sees it."""
     try:
         while True:
             try:
                 msg = await call.read()
             except grpc.RpcError as exc:
-                raise proxy_error(exc, address, started=started) from None
+                raise proxy_error(exc, address, started=True) from None
             if msg is grpc.aio.EOF:
                 return
-            started = True
             yield msg
     finally:
         if not call.done():

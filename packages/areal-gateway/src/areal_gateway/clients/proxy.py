@@ -14,6 +14,7 @@ import grpc
 from areal_gateway.clients.common import (
     ROUTER_TIMEOUT,
     ProxyUnreachable,
+    ensure_connected,
     open_channel,
     proxy_error,
     read_messages,
@@ -22,7 +23,13 @@ from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.auth import call_metadata
 from areal_runtime.batching import take_batch
-from areal_runtime.errors import ServiceError, Unavailable, UpstreamError, UpstreamTimeout
+from areal_runtime.errors import (
+    InternalAuthFailed,
+    ServiceError,
+    Unavailable,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +257,8 @@ class ProxyClient:
                 await call.trailing_metadata() or grpc.aio.Metadata(),
                 await call.details(),
             )
+            # Nothing was written: frames go out only once the stream is open (initial
+            # metadata in), so a transport failure here is safe to send elsewhere.
             raise proxy_error(exc, self.address, started=False)
         stream = self._mux = GenerateStream(call, self.address)
         return stream
@@ -334,11 +343,13 @@ class ProxyClient:
     async def _unary(
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> bytes:
+        # The request leaves with the call: whether it may go elsewhere is decided before.
+        await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = method(request, timeout=timeout_s, metadata=self._md)
         try:
             resp = await call
         except grpc.RpcError as exc:
-            raise proxy_error(exc, self.address, started=False) from None
+            raise proxy_error(exc, self.address, started=True) from None
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -347,6 +358,7 @@ class ProxyClient:
     async def _call_stream(
         self, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
+        await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = method(request, timeout=timeout_s, metadata=self._md)
         async for msg in read_messages(call, self.address):
             yield [bytes(msg.data)]
@@ -404,8 +416,24 @@ class ProxyClient:
     ) -> AsyncIterator[bytes]:
         """JSON lines of exported rows, chunk by chunk as the proxy reads them."""
         call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
-        async for msg in read_messages(call, self.address, started=True):
+        async for msg in read_messages(call, self.address):
             yield bytes(msg.jsonl)
+
+    async def ack_export(self, request: proxy_pb2.AckExportRequest) -> proxy_pb2.AckExportResponse:
+        """Remove what an export with removal claimed here (its client has every row)."""
+        return await self._call(self._stub.AckExport, request)
+
+    async def check_token(self, timeout_s: float = 2.0) -> None:
+        """Raise `InternalAuthFailed` when this proxy refuses the gateway's internal token
+        (one `GetStats`, which every proxy serves and which carries the token). Any other
+        failure (not up yet, slow) is no finding: the router's health polls cover it."""
+        stub = proxy_pb2_grpc.ProxyStatusServiceStub(self._channel)
+        try:
+            await stub.GetStats(proxy_pb2.GetStatsRequest(), timeout=timeout_s, metadata=self._md)
+        except grpc.RpcError as exc:
+            err = proxy_error(exc, self.address, started=True)
+            if isinstance(err, InternalAuthFailed):
+                raise err from None
 
     async def control(
         self, action: str, request: Any, timeout_s: float | None
