@@ -75,17 +75,28 @@ async def _where(gw: Gateway, session_or_pin: str) -> str:
 
 
 async def _pick_model(gw: Gateway, model: str) -> str:
-    internal = [
-        m.name for m in await gw.router.list_models() if m.kind != router_pb2.MODEL_KIND_EXTERNAL
-    ]
+    """The model a group is for: the one named, else the one internal model with replicas.
+
+    Models without a proxy do not count when `model` is omitted: one (left by an older
+    gateway, or emptied by deregistering its proxies) would otherwise make every
+    session start without `model` a 400 "several models"."""
+    models = [m for m in await gw.router.list_models() if m.kind != router_pb2.MODEL_KIND_EXTERNAL]
+    internal = [m.name for m in models]
     if model:
         if model not in internal:
             raise UnknownModel(f"Model {model!r} is not served here.", param="model")
         return model
-    if len(internal) == 1:
-        return internal[0]
+    served = [m.name for m in models if m.proxy_ids]
+    if len(served) == 1:
+        return served[0]
     if not internal:
         raise Unavailable("No model is registered yet.", code="no_model")
+    if not served:
+        raise NoHealthyReplica(
+            f"No model has a replica yet ({', '.join(sorted(internal))}).",
+            code="no_healthy_replica",
+        )
+    internal = served
     raise bad_request(
         f"Several models are served ({', '.join(sorted(internal))}); name one in 'model'.",
         code="model_required",

@@ -12,6 +12,7 @@ models document those bytes and the tests check real answers against them.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -47,6 +48,32 @@ Address = Annotated[
     Name, AfterValidator(_host_port), Field(description="host:port", examples=["127.0.0.1:50061"])
 ]
 Id = Annotated[str, StringConstraints(min_length=1)]
+# A model name as the CLI accepts one (docs/cli.md, "Names"): 1-64 letters, digits, `.`, `_`,
+# `-`, starting with a letter or digit. It is a path segment (`/admin/models/{name}`) and a
+# metrics label, so a slash, a blank or a control character has no place in it.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _model_name(name: str) -> str:
+    if not MODEL_NAME.fullmatch(name):
+        raise PydanticCustomError(
+            "invalid_model_name",
+            "a model name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit, got '{name}'",
+            {"name": name[:80]},
+        )
+    return name
+
+
+ModelName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1),
+    AfterValidator(_model_name),
+    Field(
+        description="1-64 letters, digits, `.`, `_`, `-`; starts with a letter or digit",
+        examples=["tiny"],
+    ),
+]
 
 
 # --- admin API (admin.py) ---------------------------------------------------------------------
@@ -67,10 +94,10 @@ def _unique_ids(proxies: list[ProxyRef]) -> list[ProxyRef]:
 class RegisterModelRequest(_Request):
     """An internal model served by data proxies, or an external OpenAI-compatible one."""
 
-    name: Name
+    name: ModelName
     kind: Literal["internal", "external"] = "internal"
     proxies: Annotated[list[ProxyRef], AfterValidator(_unique_ids)] = Field(
-        default_factory=list, description="internal: the replicas' data proxies"
+        default_factory=list, description="internal (at least one): the replicas' data proxies"
     )
     base_url: Name | None = Field(
         None, description="external (required): the upstream's OpenAI base URL"
