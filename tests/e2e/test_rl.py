@@ -7,6 +7,7 @@ called over plain HTTP. The parrot model makes every answer known in advance.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -51,6 +52,30 @@ def export(stack, **body):
         r = c.post("/rl/export_trajectories", json=body)
     assert r.status_code == 200, r.text
     return r.json()["rows"]
+
+
+def export_removing(stack, **body):
+    """An export with removal and its acknowledgement (what removes the sessions)."""
+    with admin(stack) as c:
+        r = c.post("/rl/export_trajectories", json={**body, "remove_session": True})
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        a = c.post("/rl/ack_export", json={"export_id": doc["export_id"]})
+    assert a.status_code == 200, a.text
+    return doc["rows"], a.json()
+
+
+def chat_turns(stack, session, n):
+    c = openai.OpenAI(
+        base_url=stack.gateway_url + "/v1", api_key=session["session_api_key"], max_retries=0
+    )
+    msgs = [{"role": "user", "content": session["session_id"]}]
+    for _ in range(n):
+        r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "more"},
+        ]
 
 
 def engine_tokens(engine_url, ids, n):
@@ -244,10 +269,16 @@ def test_session_keys_and_bad_payloads(concat_stack):
     for r, status in cases:
         assert r.status_code == status, (r.request.url, r.text)
         assert r.json()["error"]["message"]
-    # Double export: the same rows again; with removal, then gone.
+    # Double export: the same rows again; with removal, the same rows, and nothing removed
+    # until the acknowledgement; after it, gone.
     first = export(concat_stack, group_id=g["group_id"])
     assert export(concat_stack, group_id=g["group_id"]) == first
     assert export(concat_stack, group_id=g["group_id"], remove_session=True) == first
+    assert export(concat_stack, group_id=g["group_id"]) == first
+    rows, ack = export_removing(concat_stack, group_id=g["group_id"])
+    assert rows == first and sorted(ack["removed"]) == sorted(
+        s["session_id"] for s in g["sessions"]
+    )
     with admin(concat_stack) as c:
         assert (
             c.post("/rl/export_trajectories", json={"group_id": g["group_id"]}).status_code == 404
@@ -277,6 +308,113 @@ def test_export_streams_jsonl(concat_stack):
         assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
         lines = [line for line in r.iter_lines() if line]
     assert len(lines) == 3
+
+
+def test_ndjson_client_gone_mid_stream_loses_nothing(concat_stack):
+    pins_before = pinned(concat_stack)
+    g = start_group(concat_stack, 4)
+    for s in g["sessions"]:
+        chat_turns(concat_stack, s, 3)
+    everything = export(concat_stack, group_id=g["group_id"])
+    assert len(everything) == 12
+    body = {"group_id": g["group_id"], "remove_session": True}
+    ndjson = {"Accept": "application/x-ndjson"}
+    # The client reads a few lines and goes away (the gateway and the proxy may well have sent
+    # everything by then: the server cannot know what the client kept).
+    with (
+        admin(concat_stack) as c,
+        c.stream("POST", "/rl/export_trajectories", json=body, headers=ndjson) as r,
+    ):
+        assert r.status_code == 200
+        cut_export_id = r.headers.get("x-areal-export-id")
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+    assert [json.loads(x) for x in got] == everything[:3]
+    time.sleep(0.5)  # whatever the gateway still does with the cut stream
+    # Every row is still there, and the pins are too.
+    assert export(concat_stack, group_id=g["group_id"]) == everything
+    assert pinned(concat_stack) == pins_before + 5
+    assert cut_export_id  # the export had an id to acknowledge, and nobody did
+    # Read whole, then acknowledged: removed, pins released.
+    with admin(concat_stack) as c:
+        with c.stream("POST", "/rl/export_trajectories", json=body, headers=ndjson) as r:
+            rows = [json.loads(x) for x in r.iter_lines() if x]
+            export_id = r.headers["x-areal-export-id"]
+        assert rows == everything
+        a = c.post("/rl/ack_export", json={"export_id": export_id})
+        assert a.status_code == 200 and len(a.json()["removed"]) == 4, a.text
+        assert (
+            c.post("/rl/export_trajectories", json={"group_id": g["group_id"]}).status_code == 404
+        )
+    assert pinned(concat_stack) == pins_before
+
+
+def _proxy_of(stack, start):
+    """(the group `start()` made, the index of the proxy that holds it)."""
+    before = {w["proxy_id"]: int(w.get("sessions", 0)) for w in workers(stack)}
+    g = start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)  # the router polls the proxies' session counts
+        after = {w["proxy_id"]: int(w.get("sessions", 0)) for w in workers(stack)}
+        grew = [p for p in after if after[p] > before.get(p, 0)]
+        if len(grew) == 1:
+            [pid] = grew
+            return g, [p.comp.name for p in stack.proxies].index(pid)
+    raise AssertionError(f"no single proxy took the group: {before} -> {after}")
+
+
+def test_json_export_failing_on_a_second_proxy_removes_nothing(sglang_engine, tmp_path):
+    # A short request timeout: the export's call to a stopped proxy ends in seconds.
+    s = start_stack(
+        tmp_path / "rl-2phase", sglang_engine.url, PARROT, gateway_args=["--request-timeout", "8"]
+    )
+    try:
+        g1, first = _proxy_of(s, lambda: start_group(s, 2))
+        g2, second = _proxy_of(s, lambda: start_group(s, 2))
+        assert first != second, "the two groups must be on the two proxies"
+        for sess in [*g1["sessions"], *g2["sessions"]]:
+            chat_turns(s, sess, 2)
+        ids1 = [x["session_id"] for x in g1["sessions"]]
+        ids2 = [x["session_id"] for x in g2["sessions"]]
+        ids = ids1 + ids2  # the first proxy's part is read first
+        everything = export(s, session_ids=ids)
+        assert len(everything) == 8
+        pins = pinned(s)
+        body = {"session_ids": ids, "remove_session": True}
+        victim = s.proxies[second]
+        # The second proxy hangs mid-export (SIGSTOP): the request fails, the first proxy's
+        # part was read and is still there.
+        os.killpg(victim.comp.pgid, signal.SIGSTOP)
+        try:
+            with admin(s) as c:
+                r = c.post("/rl/export_trajectories", json=body)
+            assert r.status_code >= 500, r.text
+        finally:
+            os.killpg(victim.comp.pgid, signal.SIGCONT)
+        assert export(s, session_ids=ids) == everything
+        # The second proxy dies (SIGKILL): the same, and it comes back with its records.
+        os.killpg(victim.comp.pgid, signal.SIGKILL)
+        victim.popen.wait(timeout=10)
+        with admin(s) as c:
+            r = c.post("/rl/export_trajectories", json=body)
+        assert r.status_code >= 500, r.text
+        assert export(s, session_ids=ids1) == everything[:4]
+        argv = proxy_argv(s, sglang_engine.url, MODEL, PARROT, second, [], port=victim.info["port"])
+        s.proxies[second] = launch(victim.comp.name, argv, s.log_dir, s.env)
+        wait_healthy(s, MODEL, 2)
+        assert pinned(s) == pins
+        # Back: an export with removal returns everything, and its ack removes everything.
+        rows, ack = export_removing(s, session_ids=ids)
+        assert rows == everything
+        assert sorted(ack["removed"]) == sorted(ids) and ack["kept"] == []
+        with admin(s) as c:
+            assert c.post("/rl/export_trajectories", json={"session_ids": ids}).status_code == 404
+            again = c.post("/rl/ack_export", json={"export_id": "exp-x.WyJncm91cDp4Il0"})
+            assert again.status_code == 200 and again.json()["removed"] == []
+        assert pinned(s) == 0  # the groups emptied: their pins and their sessions' went
+    finally:
+        s.stop()
 
 
 def test_weight_update_mid_stream_switches_model_and_versions(sglang_engine, tmp_path):
@@ -417,6 +555,12 @@ async def test_thousand_sessions_three_turns_bounded_memory(sglang_engine, tmp_p
                     headers={"Authorization": f"Bearer {ADMIN_KEY}"},
                 )
                 rows = r.json()["rows"]
+                a = await http.post(
+                    "/rl/ack_export",
+                    json={"export_id": r.json()["export_id"]},
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                )
+                assert len(a.json()["removed"]) == 50, a.text
                 assert len(rows) == 150 and {len(rw["interaction_ids"]) for rw in rows} == {1}
                 total += len(rows)
         assert total == 3000

@@ -58,10 +58,28 @@ def test_group_chat_reward_export(areal):
     # A session key exports its own session only.
     own = areal.export(session=group.sessions[0])
     assert [r.session_id for r in own] == [group.sessions[0].session_id]
-    assert areal.export(group_id=group.group_id, remove_session=True).rows == rows.rows
+    # A loop that stops early acknowledges nothing: every row is still there.
+    for _ in areal.iter_export(group_id=group.group_id, remove_session=True):
+        break
+    assert areal.export(group_id=group.group_id).rows == rows.rows
+    removed = areal.export(group_id=group.group_id, remove_session=True)
+    assert removed.rows == rows.rows and removed.export_id
     with pytest.raises(NotFoundError) as info:
         areal.export(group_id=group.group_id)
     assert info.value.status == 404 and info.value.code and info.value.message
+    # Acknowledged already (by export): again, nothing more to remove.
+    assert areal.ack_export(removed.export_id).removed == []
+
+
+def test_iter_export_read_whole_removes_the_sessions(areal):
+    session = areal.start_session(task_id="client-iter")
+    session.openai(max_retries=0, http_client=areal.http_client).chat.completions.create(
+        model="tiny-parrot", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    rows = list(areal.iter_export(session_ids=[session.session_id], remove_session=True))
+    assert [r.session_id for r in rows] == [session.session_id]
+    with pytest.raises(NotFoundError):
+        areal.export(session_ids=[session.session_id])
 
 
 def test_admin_listing_and_control_round_trip(areal):

@@ -58,6 +58,24 @@ def control_answer(action: str, *workers: dict[str, Any]) -> dict[str, Any]:
 
 Answer = httpx.Response | Callable[[httpx.Request], httpx.Response]
 
+EXPORT_ID = "exp-1.WyJncm91cDpncm91cC0xIl0"
+
+
+def export_answer(*rows: dict[str, Any]) -> Callable[[httpx.Request], httpx.Response]:
+    """The JSON export, with an export_id when removal was asked (as rl.py answers)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        doc: dict[str, Any] = {"count": len(rows), "rows": list(rows)}
+        if json.loads(request.content).get("remove_session"):
+            doc["export_id"] = EXPORT_ID
+        return httpx.Response(200, json=doc)
+
+    return answer
+
+
+def ack_answer(removed: list[str], kept: list[str] | None = None) -> dict[str, Any]:
+    return {"export_id": EXPORT_ID, "removed": removed, "kept": kept or []}
+
 
 @dataclass
 class FakeGateway:

@@ -12,7 +12,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from client_fakes import ADMIN, BASE, FakeGateway, bearer, control_answer, group_answer, row
+from client_fakes import (
+    ADMIN,
+    BASE,
+    FakeGateway,
+    ack_answer,
+    bearer,
+    control_answer,
+    export_answer,
+    group_answer,
+    row,
+)
 
 from areal_client import (
     APIConnectionError,
@@ -41,6 +51,7 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("end_session", ("sess-0",), {}),
     ("export", (), {"group_id": "group-1", "style": "concat", "discount": 0.5}),
     ("export", (), {"session": S, "remove_session": True}),
+    ("ack_export", ("exp-2.x",), {}),
     ("pause", (), {"model": "tiny"}),
     ("resume", (), {"worker": "p0"}),
     ("set_version", (3,), {}),
@@ -62,7 +73,8 @@ def _gateway() -> FakeGateway:
     gw.on("POST", "/rl/start_session", start)
     gw.on("POST", "/rl/set_reward", {"session_id": "sess-0", "interaction_id": "c-1", "reward": 1})
     gw.on("POST", "/rl/end_session", {"ended": 1})
-    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)]})
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0)))
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0"]))
     for action in ("pause", "continue", "set_version", "update_weights"):
         gw.on("POST", f"/admin/{action}", control_answer(action))
     return gw
@@ -85,7 +97,8 @@ async def test_both_clients_send_the_same_requests_and_read_the_same_results() -
         async_results = [await getattr(ac, name)(*a, **kw) for name, a, kw in CALLS]
     assert [_shape(r) for r in async_gw.requests] == [_shape(r) for r in sync_gw.requests]
     assert async_results == sync_results
-    assert len(sync_gw.requests) == len(CALLS)
+    # Each call is one request, and the export with removal acknowledges it: one more.
+    assert len(sync_gw.requests) == len(CALLS) + 1
 
 
 async def test_async_iter_export_streams_rows_then_raises_on_an_error_line() -> None:

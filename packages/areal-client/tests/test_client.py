@@ -15,9 +15,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from client_fakes import (
     ADMIN,
     BASE,
+    EXPORT_ID,
     FakeGateway,
+    ack_answer,
     bearer,
     control_answer,
+    export_answer,
     group_answer,
     row,
 )
@@ -32,6 +35,7 @@ from areal_client import (
     BadRequestError,
     ConflictError,
     ExportInterruptedError,
+    ExportNotAcknowledgedError,
     InternalServerError,
     InvalidResponseError,
     NotFoundError,
@@ -156,11 +160,20 @@ def test_end_session_by_key_and_by_id(areal, gw) -> None:
 
 def test_export_by_group_returns_typed_rows(areal, gw) -> None:
     extra = row(1, agent_session_id="agent-1")
-    gw.on("POST", "/rl/export_trajectories", {"count": 2, "rows": [row(0), extra]})
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0), extra))
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0", "sess-1"]))
     result = areal.export(group_id="group-1", style="concat", discount=0.9, remove_session=True)
-    assert bearer(gw.last) == ADMIN
-    assert "x-ndjson" not in gw.last.headers.get("Accept", "")
-    assert gw.last_body() == {
+    export, ack = gw.requests
+    assert bearer(export) == ADMIN
+    assert "x-ndjson" not in export.headers.get("Accept", "")
+    # Removal is the acknowledgement, sent once the whole answer was read, with the same key.
+    assert (ack.url.path, bearer(ack), json.loads(ack.content)) == (
+        "/rl/ack_export",
+        ADMIN,
+        {"export_id": EXPORT_ID},
+    )
+    assert result.export_id == EXPORT_ID
+    assert json.loads(export.content) == {
         "group_id": "group-1",
         "style": "concat",
         "discount": 0.9,
@@ -233,20 +246,69 @@ def test_export_count_must_match_rows(areal, gw) -> None:
 # -- NDJSON export ------------------------------------------------------------------------
 
 
-def _ndjson(*lines: bytes) -> httpx.Response:
-    return httpx.Response(
-        200, content=b"".join(lines), headers={"Content-Type": "application/x-ndjson"}
-    )
+def _ndjson(*lines: bytes, export_id: str = "") -> httpx.Response:
+    headers = {"Content-Type": "application/x-ndjson"}
+    if export_id:
+        headers["X-Areal-Export-Id"] = export_id
+    return httpx.Response(200, content=b"".join(lines), headers=headers)
 
 
 def test_iter_export_asks_for_json_lines_and_yields_rows(areal, gw) -> None:
     body = (json.dumps(row(0)) + "\n\n" + json.dumps(row(1)) + "\n").encode()
-    gw.on("POST", "/rl/export_trajectories", _ndjson(body))
-    rows = list(areal.iter_export(group_id="group-1", remove_session=True))
-    assert gw.last.headers["Accept"] == "application/x-ndjson"
-    assert gw.last_body()["remove_session"] is True
+    gw.on("POST", "/rl/export_trajectories", _ndjson(body, export_id=EXPORT_ID))
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0", "sess-1"]))
+    rows = []
+    for r in areal.iter_export(group_id="group-1", remove_session=True):
+        # Nothing is acknowledged while rows are still being read.
+        assert [q.url.path for q in gw.requests] == ["/rl/export_trajectories"]
+        rows.append(r)
+    export, ack = gw.requests
+    assert export.headers["Accept"] == "application/x-ndjson"
+    assert json.loads(export.content)["remove_session"] is True
+    assert ack.url.path == "/rl/ack_export" and json.loads(ack.content) == {"export_id": EXPORT_ID}
     assert [r.interaction_id for r in rows] == ["chatcmpl-0", "chatcmpl-1"]
     assert rows[1].to_dict() == row(1)
+
+
+def test_iter_export_stopped_early_or_cut_acknowledges_nothing(areal, gw) -> None:
+    body = b"".join(json.dumps(row(i)).encode() + b"\n" for i in range(3))
+    gw.on("POST", "/rl/export_trajectories", _ndjson(body, export_id=EXPORT_ID))
+    gw.on("POST", "/rl/ack_export", ack_answer([]))
+    rows = areal.iter_export(group_id="group-1", remove_session=True)
+    next(rows)
+    rows.close()  # the trainer stopped after one row: its sessions must stay
+    err = {"error": {"message": "proxy p1 went away", "type": "api_error", "code": "upstream"}}
+    gw.on(
+        "POST",
+        "/rl/export_trajectories",
+        _ndjson(body, json.dumps(err).encode() + b"\n", export_id=EXPORT_ID),
+    )
+    with pytest.raises(ExportInterruptedError):
+        list(areal.iter_export(group_id="group-1", remove_session=True))
+    assert [q.url.path for q in gw.requests] == ["/rl/export_trajectories"] * 2
+
+
+def test_a_failed_ack_keeps_the_rows_for_the_caller(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0)))
+    gw.on(
+        "POST",
+        "/rl/ack_export",
+        {"error": {"message": "proxy down", "type": "api_error", "code": "unavailable"}},
+        503,
+    )
+    with pytest.raises(ExportNotAcknowledgedError) as info:
+        areal.export(group_id="group-1", remove_session=True)
+    assert info.value.export_id == EXPORT_ID
+    assert [r.session_id for r in info.value.result] == ["sess-0"]
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0"], kept=["sess-9"]))
+    ack = areal.ack_export(info.value.export_id)
+    assert (ack.removed, ack.kept) == (["sess-0"], ["sess-9"])
+
+
+def test_an_export_with_removal_but_no_export_id_is_an_invalid_response(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)]})
+    with pytest.raises(InvalidResponseError, match="no export_id"):
+        areal.export(group_id="group-1", remove_session=True)
 
 
 def test_iter_export_error_line_raises_after_the_rows_before_it(areal, gw) -> None:

@@ -39,6 +39,7 @@ INFERENCE_OPERATIONS = {
     ("POST", "/rl/end_session"),
     ("POST", "/rl/export_trajectories"),
     ("POST", "/export_trajectories"),
+    ("POST", "/rl/ack_export"),
 }
 AGENT_OPERATIONS = {
     ("POST", "/v1/sessions"),
@@ -273,6 +274,8 @@ def test_admin_answers_match_their_models(
         ("/rl/export_trajectories", {"discount": 1.5}, "invalid_value", "discount"),
         ("/rl/export_trajectories", {"remove_session": "yes"}, "invalid_type", "remove_session"),
         ("/export_trajectories", {"session_ids": "s"}, "invalid_type", "session_ids"),
+        ("/rl/ack_export", {}, "missing_required_parameter", "export_id"),
+        ("/rl/ack_export", {"export_id": ""}, "invalid_value", "export_id"),
     ],
 )
 def test_bad_bodies_get_openai_errors(
@@ -280,6 +283,18 @@ def test_bad_bodies_get_openai_errors(
 ) -> None:
     err = assert_error(http.post(path, headers=admin_headers, json=body), 400, code, param)
     assert err["type"] == "invalid_request_error" and f"'{param}'" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "export_id",
+    ["exp-1", "exp-1.!!", "exp-1.e30", "sess-1.WyJzIl0", "exp-1." + "W10", "exp-1.WzFd"],
+)
+def test_an_ack_of_what_is_no_export_id_is_refused_before_routing(
+    http: httpx.Client, admin_headers: dict[str, str], export_id: str
+) -> None:
+    # (no dot; not base64 JSON; an object; not an export; no route; a route that is no id)
+    r = http.post("/rl/ack_export", headers=admin_headers, json={"export_id": export_id})
+    assert_error(r, 400, "invalid_export_id", "export_id")
 
 
 @pytest.mark.parametrize("path", ["/admin/models", "/admin/set_version", "/rl/set_reward"])

@@ -72,7 +72,15 @@ class FakeInferenceGateway:
                     "reward": body.get("reward"),
                 },
             ),
-            "/rl/export_trajectories": (200, {"count": 1, "rows": [ROW]}),
+            "/rl/export_trajectories": (
+                200,
+                {"count": 1, "rows": [ROW]}
+                | ({"export_id": "exp-1.x"} if body.get("remove_session") else {}),
+            ),
+            "/rl/ack_export": (
+                200,
+                {"export_id": body.get("export_id"), "removed": ["sess-abc"], "kept": []},
+            ),
             "/rl/end_session": (200, {"ended": 1}),
         }
         status, doc = answers[request.path]
@@ -122,6 +130,8 @@ async def test_session_reward_export_end_use_the_right_keys(served) -> None:
                 "remove_session": True,
             },
         ),
+        # The client acknowledges the export once it has the rows: only then are they removed.
+        ("/rl/ack_export", ADMIN, {"export_id": "exp-1.x"}),
         ("/rl/end_session", KEY, {}),
     ]
 

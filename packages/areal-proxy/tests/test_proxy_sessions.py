@@ -28,7 +28,15 @@ async def _group(h, n=1, group="g1", task="task-1"):
 
 
 async def _export(
-    h, *, group_id="", session_ids=(), style="individual", discount=1.0, remove=False, env=ADMIN
+    h,
+    *,
+    group_id="",
+    session_ids=(),
+    style="individual",
+    discount=1.0,
+    remove=False,
+    env=ADMIN,
+    export_id="",
 ):
     rows = []
     async for chunk in h.stub.ExportTrajectories(
@@ -39,6 +47,7 @@ async def _export(
             discount=discount,
             remove_session=remove,
             envelope=env,
+            export_id=export_id or ("exp-test" if remove else ""),
         )
     ):
         rows.extend(orjson.loads(line) for line in chunk.jsonl.splitlines())
@@ -183,10 +192,75 @@ async def test_repeated_export_is_identical_and_removal_only_when_asked():
         first = await _export(h, group_id="g1")
         assert len(first) == 3
         assert await _export(h, group_id="g1") == first
-        assert await _export(h, group_id="g1", remove=True) == first
+        assert await _export(h, group_id="g1", remove=True, export_id="exp-1") == first
+        # Handed to gRPC is not received by the client: nothing is gone before the ack.
+        assert await _export(h, group_id="g1") == first
+        out = await _ack(h, "exp-1")
+        assert sorted(out.removed_session_ids) == sorted(sid for sid, _ in creds)
+        assert list(out.emptied_group_ids) == ["g1"] and not out.kept_session_ids
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await _export(h, group_id="g1")
         assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+        # Idempotent: the same ack again (a retry after a lost answer) removes nothing.
+        assert not (await _ack(h, "exp-1")).removed_session_ids
+    finally:
+        await h.close()
+
+
+async def _ack(h, export_id, env=ADMIN):
+    return await h.stub.AckExport(proxy_pb2.AckExportRequest(export_id=export_id, envelope=env))
+
+
+async def test_removal_needs_an_export_id():
+    h = await start(FakeEngineClient([7, EOS]))
+    try:
+        await _group(h)
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            async for _ in h.stub.ExportTrajectories(
+                proxy_pb2.ExportTrajectoriesRequest(
+                    group_id="g1", remove_session=True, envelope=ADMIN
+                )
+            ):
+                pass
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Still there (a removed group would be NOT_FOUND), with no row yet.
+        assert await _export(h, group_id="g1") == []
+    finally:
+        await h.close()
+
+
+async def test_an_unacknowledged_export_loses_nothing_and_a_newer_claim_wins():
+    h = await start(FakeEngineClient([7, EOS]), set_reward_finish_timeout=30.0)
+    try:
+        (s1, k1), (s2, k2) = await _group(h, 2)
+        for sid, key in ((s1, k1), (s2, k2)):
+            await h.chat(
+                {"messages": [{"role": "user", "content": sid}]}, api_key=key, session_id=sid
+            )
+        first = await _export(h, group_id="g1", remove=True, export_id="exp-a")
+        # A client that never acknowledges (it died mid-stream): every row is exportable again,
+        # and a new export with removal claims them under its own id.
+        assert await _export(h, group_id="g1", remove=True, export_id="exp-b") == first
+        # The older export's late ack removes nothing the newer one may not have delivered.
+        assert not (await _ack(h, "exp-a")).removed_session_ids
+        assert await _export(h, group_id="g1") == first
+        # A turn and a reward after the export was read: that session is kept on ack (its new
+        # rows were never sent); the unchanged one goes, and the group is not empty yet.
+        await h.chat({"messages": [{"role": "user", "content": "more"}]}, api_key=k1, session_id=s1)
+        await h.stub.SetReward(
+            proxy_pb2.SetRewardRequest(session_id=s2, reward=1.0, envelope=_key_env(s2, k2))
+        )
+        out = await _ack(h, "exp-b")
+        assert not out.removed_session_ids and sorted(out.kept_session_ids) == sorted([s1, s2])
+        rows = await _export(h, group_id="g1", remove=True, export_id="exp-c")
+        assert len(rows) == 3 and {r["reward"] for r in rows if r["session_id"] == s2} == {1.0}
+        # A session key acknowledges only its own session.
+        out = await _ack(h, "exp-c", env=_key_env(s1, k1))
+        assert list(out.removed_session_ids) == [s1] and not out.emptied_group_ids
+        assert not (await _ack(h, "exp-c", env=_key_env(s2, k1))).removed_session_ids
+        assert [r["session_id"] for r in await _export(h, group_id="g1")] == [s2]
+        out = await _ack(h, "exp-c")
+        assert list(out.removed_session_ids) == [s2] and list(out.emptied_group_ids) == ["g1"]
     finally:
         await h.close()
 

@@ -23,6 +23,7 @@ from areal_client.errors import (
     BadRequestError,
     ConflictError,
     ExportInterruptedError,
+    ExportNotAcknowledgedError,
     InternalServerError,
     InvalidResponseError,
     NotFoundError,
@@ -32,6 +33,7 @@ from areal_client.errors import (
 )
 from areal_client.types import (
     ControlResult,
+    ExportAck,
     ExportResult,
     Group,
     ModelInfo,
@@ -54,7 +56,9 @@ __all__ = [
     "BadRequestError",
     "ConflictError",
     "ControlResult",
+    "ExportAck",
     "ExportInterruptedError",
+    "ExportNotAcknowledgedError",
     "ExportResult",
     "Group",
     "InternalServerError",

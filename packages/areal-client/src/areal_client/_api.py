@@ -25,6 +25,7 @@ from areal_client.errors import (
 )
 from areal_client.types import (
     ControlResult,
+    ExportAck,
     ExportResult,
     Group,
     ModelInfo,
@@ -39,6 +40,8 @@ from areal_client.types import (
 T = TypeVar("T")
 
 NDJSON = "application/x-ndjson"
+# An NDJSON export with removal names the id to acknowledge here (areal_gateway.rl).
+EXPORT_ID_HEADER = "x-areal-export-id"
 # The gateway's own bound (areal_gateway.rl.MAX_GROUP_SIZE); checked here for a clear error.
 MAX_GROUP_SIZE = 1024
 STYLES = ("individual", "concat")
@@ -263,6 +266,18 @@ class Requests:
             lambda doc, _: ExportResult.from_json(doc),
             body,
             headers,
+        )
+
+    def ack_export(self, export_id: str, key: str | None = None) -> Call[ExportAck]:
+        """Remove what an export with removal read (`key`: the one it was made with)."""
+        if not isinstance(export_id, str) or not export_id:
+            raise ValueError(f"export_id must be a non-empty string, got {export_id!r}")
+        return Call(
+            "POST",
+            "/rl/ack_export",
+            key or self.admin,
+            lambda doc, _: ExportAck.from_json(doc),
+            {"export_id": export_id},
         )
 
     # -- generation control -----------------------------------------------------

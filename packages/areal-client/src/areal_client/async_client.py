@@ -7,12 +7,25 @@ from typing import Any, TypeVar
 
 import httpx
 
-from areal_client._api import Call, Requests, decode, decode_line, transport_error
+from areal_client._api import (
+    EXPORT_ID_HEADER,
+    Call,
+    Requests,
+    decode,
+    decode_line,
+    transport_error,
+)
 from areal_client._version import __version__
 from areal_client.client import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, admin_key_from
-from areal_client.errors import status_error
+from areal_client.errors import (
+    ArealClientError,
+    ExportNotAcknowledgedError,
+    InvalidResponseError,
+    status_error,
+)
 from areal_client.types import (
     ControlResult,
+    ExportAck,
     ExportResult,
     Group,
     ModelInfo,
@@ -125,16 +138,41 @@ class AsyncArealClient:
         remove_session: bool = False,
     ) -> ExportResult:
         """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key)."""
-        return await self._run(
-            self._api.export(
-                group_id=group_id,
-                session_ids=session_ids,
-                session=session,
-                style=style,
-                discount=discount,
-                remove_session=remove_session,
-            )
+        call = self._api.export(
+            group_id=group_id,
+            session_ids=session_ids,
+            session=session,
+            style=style,
+            discount=discount,
+            remove_session=remove_session,
         )
+        result = await self._run(call)
+        if remove_session:
+            # The whole answer is read and parsed: only now may the sessions go.
+            await self._ack(self._exported_id(result.export_id), call.key, result)
+        return result
+
+    async def ack_export(self, export_id: str, *, session: Session | None = None) -> ExportAck:
+        """Remove what an export with `remove_session` read (`export` and `iter_export` do
+        this themselves once they have every row). `session`: the one whose key exported."""
+        return await self._run(
+            self._api.ack_export(export_id, session.api_key if session else None)
+        )
+
+    async def _ack(self, export_id: str, key: str | None, result: ExportResult | None) -> None:
+        try:
+            await self._run(self._api.ack_export(export_id, key))
+        except ArealClientError as e:
+            raise ExportNotAcknowledgedError(str(e), export_id=export_id, result=result) from e
+
+    @staticmethod
+    def _exported_id(export_id: str | None) -> str:
+        if not export_id:
+            raise InvalidResponseError(
+                "export with remove_session: the gateway named no export_id to acknowledge "
+                "(an older gateway?); nothing was removed"
+            )
+        return export_id
 
     def iter_export(
         self,
@@ -148,8 +186,9 @@ class AsyncArealClient:
     ) -> AsyncIterator[Trajectory]:
         """The same rows streamed as JSON lines, one at a time (for exports too large to hold).
 
-        Arguments are checked here, before the first row is asked for; with `remove_session`
-        the gateway removes the sessions after it has sent every row.
+        Arguments are checked here, before the first row is asked for. With `remove_session`
+        the sessions are removed (acknowledged) only after the last row was read: a loop that
+        stops early, or a stream that breaks, removes nothing, and a new export has every row.
         """
         call = self._api.export(
             group_id=group_id,
@@ -160,9 +199,9 @@ class AsyncArealClient:
             remove_session=remove_session,
             lines=True,
         )
-        return self._rows(call)
+        return self._rows(call, remove_session)
 
-    async def _rows(self, call: Call[Any]) -> AsyncIterator[Trajectory]:
+    async def _rows(self, call: Call[Any], remove: bool) -> AsyncIterator[Trajectory]:
         try:
             async with self._http.stream(
                 call.method, call.path, content=call.content(), headers=call.request_headers()
@@ -171,6 +210,7 @@ class AsyncArealClient:
                     raise status_error(
                         r.status_code, await r.aread(), method=call.method, path=call.path
                     )
+                export_id = r.headers.get(EXPORT_ID_HEADER)
                 index = 0
                 async for line in r.aiter_lines():
                     row = decode_line(line, index)
@@ -179,6 +219,10 @@ class AsyncArealClient:
                         yield row
         except httpx.RequestError as e:
             raise transport_error(e, call) from e
+        if remove:
+            # Here only when the caller took every row and the body ended whole (httpx
+            # raises on a cut chunked body; an error line raised above): the sessions may go.
+            await self._ack(self._exported_id(export_id), call.key, None)
 
     # -- generation control -------------------------------------------------------------
 

@@ -8,11 +8,24 @@ from typing import Any, TypeVar
 
 import httpx
 
-from areal_client._api import Call, Requests, decode, decode_line, transport_error
+from areal_client._api import (
+    EXPORT_ID_HEADER,
+    Call,
+    Requests,
+    decode,
+    decode_line,
+    transport_error,
+)
 from areal_client._version import __version__
-from areal_client.errors import status_error
+from areal_client.errors import (
+    ArealClientError,
+    ExportNotAcknowledgedError,
+    InvalidResponseError,
+    status_error,
+)
 from areal_client.types import (
     ControlResult,
+    ExportAck,
     ExportResult,
     Group,
     ModelInfo,
@@ -141,16 +154,39 @@ class ArealClient:
         remove_session: bool = False,
     ) -> ExportResult:
         """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key)."""
-        return self._run(
-            self._api.export(
-                group_id=group_id,
-                session_ids=session_ids,
-                session=session,
-                style=style,
-                discount=discount,
-                remove_session=remove_session,
-            )
+        call = self._api.export(
+            group_id=group_id,
+            session_ids=session_ids,
+            session=session,
+            style=style,
+            discount=discount,
+            remove_session=remove_session,
         )
+        result = self._run(call)
+        if remove_session:
+            # The whole answer is read and parsed: only now may the sessions go.
+            self._ack(self._exported_id(result.export_id), call.key, result)
+        return result
+
+    def ack_export(self, export_id: str, *, session: Session | None = None) -> ExportAck:
+        """Remove what an export with `remove_session` read (`export` and `iter_export` do
+        this themselves once they have every row). `session`: the one whose key exported."""
+        return self._run(self._api.ack_export(export_id, session.api_key if session else None))
+
+    def _ack(self, export_id: str, key: str | None, result: ExportResult | None) -> None:
+        try:
+            self._run(self._api.ack_export(export_id, key))
+        except ArealClientError as e:
+            raise ExportNotAcknowledgedError(str(e), export_id=export_id, result=result) from e
+
+    @staticmethod
+    def _exported_id(export_id: str | None) -> str:
+        if not export_id:
+            raise InvalidResponseError(
+                "export with remove_session: the gateway named no export_id to acknowledge "
+                "(an older gateway?); nothing was removed"
+            )
+        return export_id
 
     def iter_export(
         self,
@@ -164,8 +200,9 @@ class ArealClient:
     ) -> Iterator[Trajectory]:
         """The same rows streamed as JSON lines, one at a time (for exports too large to hold).
 
-        Arguments are checked here, before the first row is asked for; with `remove_session`
-        the gateway removes the sessions after it has sent every row.
+        Arguments are checked here, before the first row is asked for. With `remove_session`
+        the sessions are removed (acknowledged) only after the last row was read: a loop that
+        stops early, or a stream that breaks, removes nothing, and a new export has every row.
         """
         call = self._api.export(
             group_id=group_id,
@@ -176,15 +213,16 @@ class ArealClient:
             remove_session=remove_session,
             lines=True,
         )
-        return self._rows(call)
+        return self._rows(call, remove_session)
 
-    def _rows(self, call: Call[Any]) -> Iterator[Trajectory]:
+    def _rows(self, call: Call[Any], remove: bool) -> Iterator[Trajectory]:
         try:
             with self._http.stream(
                 call.method, call.path, content=call.content(), headers=call.request_headers()
             ) as r:
                 if r.status_code >= 400:
                     raise status_error(r.status_code, r.read(), method=call.method, path=call.path)
+                export_id = r.headers.get(EXPORT_ID_HEADER)
                 index = 0
                 for line in r.iter_lines():
                     row = decode_line(line, index)
@@ -193,6 +231,10 @@ class ArealClient:
                         yield row
         except httpx.RequestError as e:
             raise transport_error(e, call) from e
+        if remove:
+            # Here only when the caller took every row and the body ended whole (httpx
+            # raises on a cut chunked body; an error line raised above): the sessions may go.
+            self._ack(self._exported_id(export_id), call.key, None)
 
     # -- generation control -------------------------------------------------------------
 

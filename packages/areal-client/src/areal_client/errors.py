@@ -134,6 +134,18 @@ class ExportInterruptedError(ArealClientError):
         self.rows_read = rows_read
 
 
+class ExportNotAcknowledgedError(ArealClientError):
+    """An export with `remove_session` was received whole, but its acknowledgement failed,
+    so its sessions are not removed (yet). Nothing is lost: `result` holds the rows (None
+    after `iter_export`, which yielded them), and `ack_export(export_id)` may be retried; a
+    new export also returns every row not removed."""
+
+    def __init__(self, message: str, *, export_id: str, result: Any = None) -> None:
+        super().__init__(f"export {export_id} not acknowledged: {message}")
+        self.export_id = export_id
+        self.result = result
+
+
 class InvalidResponseError(ArealClientError):
     """The gateway's answer was not what its API documents (a version mismatch, a proxy)."""
 

@@ -218,6 +218,9 @@ class ExportResult:
 
     count: int
     rows: list[Trajectory]
+    # With remove_session: the id to acknowledge (`ack_export`) once the rows are safe; the
+    # sessions are removed only then. `export` does it itself before it returns.
+    export_id: str | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> ExportResult:
@@ -225,13 +228,40 @@ class ExportResult:
         count = doc.get("count", len(rows))
         if count != len(rows):
             raise InvalidResponseError(f"export: count says {count!r}, {len(rows)} rows came")
-        return cls(len(rows), rows)
+        export_id = doc.get("export_id")
+        if export_id is not None and (not isinstance(export_id, str) or not export_id):
+            raise InvalidResponseError(f"export: export_id must be a string, got {export_id!r}")
+        return cls(len(rows), rows, export_id)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __iter__(self) -> Iterator[Trajectory]:
         return iter(self.rows)
+
+
+@dataclass(frozen=True)
+class ExportAck:
+    """What `ack_export` removed: `removed` sessions, and `kept` ones (they gained a turn or a
+    reward after the export read them; export them again)."""
+
+    export_id: str
+    removed: list[str]
+    kept: list[str]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ExportAck:
+        return cls(
+            _get(doc, "export_id", str, "ack_export"),
+            [_str(x, "ack_export removed") for x in _items(doc, "removed", "ack_export")],
+            [_str(x, "ack_export kept") for x in _items(doc, "kept", "ack_export")],
+        )
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidResponseError(f"{what}: expected a string, got {value!r:.80}")
+    return value
 
 
 # -- generation control ------------------------------------------------------------------

@@ -4,6 +4,7 @@
 | POST /rl/set_reward          | session key | reward its session's last (or a named) interaction   |
 | POST /rl/export_trajectories | admin key, or a session key for its own session          |
 | POST /rl/end_session         | session key (its own) or admin key (`session_ids`)        |
+| POST /rl/ack_export          | the export's key: removes what an export with removal read |
 
 A group is pinned on the router under the id `group:<group_id>` beside its sessions,
 so an export by group goes straight to the proxy that holds it. The gateway keeps no
@@ -13,6 +14,7 @@ routing (auth.py), and the proxy checks the key's hash.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -28,6 +30,8 @@ from areal_gateway.openai.forward import request_id
 from areal_gateway.runtime import Gateway
 from areal_gateway.schemas import (
     MAX_GROUP_SIZE,
+    AckExportRequest,
+    AckExportResult,
     EndedSessions,
     EndSessionRequest,
     ExportRequest,
@@ -44,17 +48,53 @@ from areal_runtime.errors import (
     NoHealthyReplica,
     PermissionDenied,
     ServiceError,
+    SessionNotFound,
     Unavailable,
     UnknownModel,
 )
 from areal_runtime.session_keys import new_id
 
-__all__ = ["MAX_GROUP_SIZE", "group_pin", "router"]
+__all__ = ["EXPORT_ID_HEADER", "MAX_GROUP_SIZE", "export_routes", "group_pin", "router"]
 _NDJSON = "application/x-ndjson"
+# An NDJSON export with removal names its export id here (the body is only rows).
+EXPORT_ID_HEADER = "x-areal-export-id"
+# Far above any real export (one id per proxy of it): a bound on what an ack makes us route.
+_MAX_EXPORT_ROUTES = 256
 
 
 def group_pin(group_id: str) -> str:
     return f"group:{group_id}"
+
+
+def new_export_id(routes: list[str]) -> str:
+    """An export with removal's id: random, then the ids to route its ack by, one per proxy
+    of the export (a group pin or a session id), so that the gateway, which keeps no state,
+    can find every proxy that claimed a part of it. Nothing in it is trusted: the ack is
+    routed like any request naming those ids, and a proxy removes only what it claimed under
+    the whole id."""
+    tail = base64.urlsafe_b64encode(orjson.dumps(routes)).rstrip(b"=").decode("ascii")
+    return f"{new_id('exp')}.{tail}"
+
+
+def export_routes(export_id: str) -> list[str]:
+    """The route ids in an export id; a 400 for anything that is not one."""
+    head, _, tail = export_id.partition(".")
+    try:
+        routes = orjson.loads(base64.urlsafe_b64decode(tail + "=" * (-len(tail) % 4)))
+    except ValueError:
+        routes = None
+    if (
+        not head.startswith("exp-")
+        or not isinstance(routes, list)
+        or not 0 < len(routes) <= _MAX_EXPORT_ROUTES
+        or not all(isinstance(r, str) and r for r in routes)
+    ):
+        raise bad_request(
+            "Not an export id (the export_id of an export with remove_session).",
+            code="invalid_export_id",
+            param="export_id",
+        )
+    return routes
 
 
 def _envelope(p: Principal, request: Request) -> envelope_pb2.Envelope:
@@ -214,7 +254,9 @@ async def export_trajectories(
 ) -> Response:
     """A group's or some sessions' trajectory rows (the admin key, or a session key for its
     own session): one JSON document, or JSON lines with `Accept: application/x-ndjson`.
-    Sessions are removed only when asked, after every row was read."""
+    With `remove_session`, nothing is removed yet: the answer names an `export_id` (in the
+    body, or the `X-Areal-Export-Id` header for JSON lines), and `POST /rl/ack_export` with
+    it, once the client has every row, removes the sessions."""
     group_id = body.group_id or ""
     session_ids = body.session_ids or []
     style = body.style or "individual"
@@ -241,6 +283,14 @@ async def export_trajectories(
             targets.setdefault(await _where(gw, sid), []).append(sid)
     env = _envelope(principal, request)
     timeout = gw.settings.request_timeout
+    # Removal is two-phase: each proxy only claims what it exported under this id, and the
+    # client's ack removes it. Removing here lost rows whenever the client did not get the
+    # whole answer: a later proxy of the export failed after an earlier one had deleted, or
+    # the client went away mid-stream (the gateway cannot know what it received).
+    export_id = ""
+    if remove:
+        routes = [group_pin(group_id)] if group_id else [ids[0] for ids in targets.values()]
+        export_id = new_export_id(routes)
 
     def export_call(address: str, ids: list[str]) -> AsyncIterator[bytes]:
         return gw.proxies.get(address).export(
@@ -251,19 +301,10 @@ async def export_trajectories(
                 discount=discount,
                 remove_session=remove,
                 envelope=env,
+                export_id=export_id,
             ),
             timeout,
         )
-
-    async def released() -> None:
-        if remove:
-            pins = [*session_ids, *([group_pin(group_id)] if group_id else [])]
-            if pins:
-                # A whole group was removed: its sessions' pins go with the group pin (they
-                # were bound with it; the body names none of them). A part of a group: only
-                # the sessions named.
-                whole_group = bool(group_id) and not session_ids
-                await gw.router.release_sessions(pins, with_bound=whole_group)
 
     wants_lines = body.format == "jsonl" or _NDJSON in request.headers.get("accept", "")
     if not wants_lines:
@@ -273,14 +314,16 @@ async def export_trajectories(
             chunk for address, ids in targets.items() async for chunk in export_call(address, ids)
         ]
         data = b"".join(parts)
-        await released()
         count = data.count(b"\n")
+        tail = b',"export_id":' + orjson.dumps(export_id) if export_id else b""
         return Response(
             b'{"count":'
             + str(count).encode()
             + b',"rows":['
             + b",".join(data.splitlines())
-            + b"]}",
+            + b"]"
+            + tail
+            + b"}",
             media_type="application/json",
         )
     first_address, first_ids = next(iter(targets.items()))
@@ -300,11 +343,51 @@ async def export_trajectories(
             for address, ids in list(targets.items())[1:]:
                 async for chunk in export_call(address, ids):
                     yield chunk
-            await released()
         except ServiceError as err:
             yield orjson.dumps(err.to_openai()) + b"\n"
 
-    return StreamingResponse(lines(), media_type=_NDJSON)
+    headers = {EXPORT_ID_HEADER: export_id} if export_id else None
+    return StreamingResponse(lines(), media_type=_NDJSON, headers=headers)
+
+
+@router.post("/rl/ack_export", response_model=AckExportResult)
+async def ack_export(
+    body: AckExportRequest, request: Request, gw: GatewayDep, principal: AnyKey
+) -> Response:
+    """The client has every row of an export with `remove_session`: remove its sessions
+    (with the key that exported; a session key removes only its own session). A session that
+    gained a turn or a reward after the export read it is kept (`kept`), as is everything a
+    newer export claimed since. Idempotent: again, it removes nothing more."""
+    export_id = body.export_id
+    routes = export_routes(export_id)
+    if principal.session_id and any(r != principal.session_id for r in routes):
+        raise PermissionDenied(
+            "A session key may acknowledge only its own session's export.",
+            code="forbidden_session",
+        )
+    env = _envelope(principal, request)
+    removed: list[str] = []
+    kept: list[str] = []
+    emptied: list[str] = []
+    for route in routes:
+        try:
+            address = await _where(gw, route)
+        except SessionNotFound:
+            # No pin: it was released with the sessions it placed (an ack answered before,
+            # whose answer was lost), so nothing of this export is left to find there.
+            continue
+        out = await gw.proxies.get(address).ack_export(
+            proxy_pb2.AckExportRequest(export_id=export_id, envelope=env)
+        )
+        removed += out.removed_session_ids
+        kept += out.kept_session_ids
+        emptied += out.emptied_group_ids
+    # Pins go only with what is really gone: the removed sessions, and a group's pin (with
+    # the sessions bound with it) once its last session is.
+    pins = [*removed, *(group_pin(g) for g in emptied)]
+    if pins:
+        await gw.router.release_sessions(pins, with_bound=bool(emptied))
+    return json_response({"export_id": export_id, "removed": removed, "kept": kept})
 
 
 _EXPORT: dict[str, Any] = {

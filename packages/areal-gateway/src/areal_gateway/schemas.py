@@ -280,6 +280,24 @@ class TrajectoryRow(BaseModel):
 class ExportResult(_Response):
     count: int
     rows: list[TrajectoryRow]
+    export_id: str | None = Field(
+        None,
+        description="with remove_session: POST /rl/ack_export with it once every row is "
+        "safely received; the sessions are removed only then",
+    )
+
+
+class AckExportRequest(_Request):
+    export_id: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
+
+
+class AckExportResult(_Response):
+    export_id: str
+    removed: list[str] = Field(description="the sessions removed (their pins released)")
+    kept: list[str] = Field(
+        description="sessions that gained a turn or reward after the export read them: kept, "
+        "to be exported again"
+    )
 
 
 # --- agent mode (agent/sessions.py, agent/pairs.py) ----------------------------------------------

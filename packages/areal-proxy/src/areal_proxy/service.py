@@ -24,6 +24,7 @@ from areal_proxy.generation import GenerationController, GenerationRecord
 from areal_proxy.inference import InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.multiplex import GenerateStream
+from areal_proxy.recording.claims import ExportClaims
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_runtime.errors import (
@@ -94,6 +95,7 @@ class ProxyServicer(
         book: SessionBook | None = None,
     ) -> None:
         self.book = book
+        self.claims = ExportClaims(book) if book is not None else None
         self.handler = handler
         self.controller = controller
         self.metrics = metrics
@@ -419,6 +421,12 @@ class ProxyServicer(
             env = request.envelope if request.HasField("envelope") else None
 
             def prepare() -> tuple[list[Session], Iterator[dict[str, Any]]]:
+                if request.remove_session and not request.export_id:
+                    raise InvalidRequest(
+                        "remove_session needs an export_id: sessions are removed by "
+                        "AckExport(export_id) once the client has the rows",
+                        param="export_id",
+                    )
                 sessions = book.resolve_export(list(request.session_ids), request.group_id)
                 if env is None or not env.is_admin:
                     for s in sessions:
@@ -442,18 +450,49 @@ class ProxyServicer(
             sessions, rows = await book.call(prepare)
             while batch := await book.call(next_chunk, rows):
                 await context.write(proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch)))
-            # Removal only when asked, and only after every row has been handed over; else
-            # the retention of these sessions starts (--retention-seconds once ended too).
+            # Removal only when asked, and never here: the rows are only handed to gRPC, and
+            # the client may still not get them (another proxy of the export fails, the
+            # gateway or the client goes away). The sessions are claimed under the export's
+            # id; AckExport, sent once the client has everything, removes them
+            # (recording/claims.py). Either way the retention of these sessions starts
+            # (--retention-seconds once ended too).
             if request.remove_session:
-                await book.call(book.remove, sessions)
-            else:
-                await book.call(book.exported, sessions)
+                assert self.claims is not None
+                await book.call(self.claims.claim, request.export_id, sessions)
+            await book.call(book.exported, sessions)
         except Exception as e:
             err = self._error(e)
             self._count("ExportTrajectories", str(err.http_status))
             await abort(context, err)
             return
         self._count("ExportTrajectories", "200")
+
+    async def AckExport(self, request: Any, context: Any) -> proxy_pb2.AckExportResponse:
+        def act() -> proxy_pb2.AckExportResponse:
+            if not request.export_id:
+                raise InvalidRequest("export_id is required", param="export_id")
+            claims = self.claims
+            assert claims is not None  # _rpc refused a proxy without a book already
+            env = request.envelope if request.HasField("envelope") else None
+            if env is not None and env.is_admin:
+                out = claims.ack(request.export_id)
+            else:
+                # A session key removes only its own session, and only with its key.
+                sid = env.session_id if env is not None else ""
+                key = env.api_key if env is not None else ""
+                if not sid or not key:
+                    raise PermissionDenied(
+                        "a session key may acknowledge only its own session's export",
+                        code="forbidden_session",
+                    )
+                out = claims.ack(request.export_id, session_id=sid, api_key=key)
+            return proxy_pb2.AckExportResponse(
+                removed_session_ids=out.removed,
+                kept_session_ids=out.kept,
+                emptied_group_ids=out.emptied_groups,
+            )
+
+        return await self._rpc("AckExport", context, act)
 
     async def GetStats(self, request: Any, context: Any) -> proxy_pb2.ProxyStats:
         st = self.state

@@ -234,11 +234,16 @@ class ExportTrajectoriesRequest(_message.Message):
     DISCOUNT_FIELD_NUMBER: _builtins.int
     REMOVE_SESSION_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
+    EXPORT_ID_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     style: _builtins.str
     """"individual" or "concat"."""
     discount: _builtins.float
     remove_session: _builtins.bool
+    export_id: _builtins.str
+    """Required with remove_session: the sessions read are claimed under it, and removed only
+    by AckExport(export_id).
+    """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -254,10 +259,11 @@ class ExportTrajectoriesRequest(_message.Message):
         discount: _builtins.float = ...,
         remove_session: _builtins.bool = ...,
         envelope: _envelope_pb2.Envelope | None = ...,
+        export_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "style", b"style"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "export_id", b"export_id", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "style", b"style"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,6 +292,63 @@ class ExportChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportChunk: _TypeAlias = ExportChunk  # noqa: Y015
+
+@_typing.final
+class AckExportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPORT_ID_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    export_id: _builtins.str
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: a session key removes only its own session."""
+
+    def __init__(
+        self,
+        *,
+        export_id: _builtins.str = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "export_id", b"export_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckExportRequest: _TypeAlias = AckExportRequest  # noqa: Y015
+
+@_typing.final
+class AckExportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    KEPT_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    EMPTIED_GROUP_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def removed_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def kept_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Claimed by export_id but changed since it was read (a turn or a reward): kept."""
+
+    @_builtins.property
+    def emptied_group_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Groups left with no session by this removal (their router pins may go)."""
+
+    def __init__(
+        self,
+        *,
+        removed_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        kept_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        emptied_group_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["emptied_group_ids", b"emptied_group_ids", "kept_session_ids", b"kept_session_ids", "removed_session_ids", b"removed_session_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckExportResponse: _TypeAlias = AckExportResponse  # noqa: Y015
 
 @_typing.final
 class PauseRequest(_message.Message):

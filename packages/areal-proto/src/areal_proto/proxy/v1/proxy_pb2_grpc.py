@@ -82,6 +82,11 @@ class InferenceProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
                 _registered_method=True)
+        self.AckExport = channel.unary_unary(
+                '/areal.proxy.v1.InferenceProxyService/AckExport',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.FromString,
+                _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/areal.proxy.v1.InferenceProxyService/Pause',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.PauseRequest.SerializeToString,
@@ -176,6 +181,19 @@ class InferenceProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckExport(self, request, context):
+        """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
+        export with remove_session deletes nothing; it claims the sessions it read under its
+        export_id. AckExport(export_id), sent once the client has every row of the export,
+        deletes the sessions still claimed by it and unchanged since they were read; a session
+        that gained a turn or a reward since is kept (its new rows were never sent). Until then
+        the rows stay exportable; a later export claims them anew, so an older export's ack no
+        longer removes them. Idempotent: an unknown or acknowledged export_id removes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Pause(self, request, context):
         """Generation control and weights.
         """
@@ -248,6 +266,11 @@ def add_InferenceProxyServiceServicer_to_server(servicer, server):
                     servicer.ExportTrajectories,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.SerializeToString,
+            ),
+            'AckExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckExport,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
@@ -515,6 +538,33 @@ class InferenceProxyService:
             '/areal.proxy.v1.InferenceProxyService/ExportTrajectories',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.InferenceProxyService/AckExport',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.FromString,
             options,
             channel_credentials,
             insecure,

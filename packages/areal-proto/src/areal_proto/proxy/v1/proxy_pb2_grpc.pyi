@@ -70,6 +70,15 @@ class InferenceProxyServiceStub:
     EndSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]
     SetReward: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]
     ExportTrajectories: _grpc.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]
+    AckExport: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.AckExportRequest, _proxy_pb2.AckExportResponse]
+    """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
+    export with remove_session deletes nothing; it claims the sessions it read under its
+    export_id. AckExport(export_id), sent once the client has every row of the export,
+    deletes the sessions still claimed by it and unchanged since they were read; a session
+    that gained a turn or a reward since is kept (its new rows were never sent). Until then
+    the rows stay exportable; a later export claims them anew, so an older export's ack no
+    longer removes them. Idempotent: an unknown or acknowledged export_id removes nothing.
+    """
     Pause: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.PauseRequest, _proxy_pb2.ControlResponse]
     """Generation control and weights."""
     Continue: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]
@@ -107,6 +116,15 @@ class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
     EndSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]  # type: ignore[assignment]
     SetReward: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]  # type: ignore[assignment]
     ExportTrajectories: _aio.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]  # type: ignore[assignment]
+    AckExport: _aio.UnaryUnaryMultiCallable[_proxy_pb2.AckExportRequest, _proxy_pb2.AckExportResponse]  # type: ignore[assignment]
+    """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
+    export with remove_session deletes nothing; it claims the sessions it read under its
+    export_id. AckExport(export_id), sent once the client has every row of the export,
+    deletes the sessions still claimed by it and unchanged since they were read; a session
+    that gained a turn or a reward since is kept (its new rows were never sent). Until then
+    the rows stay exportable; a later export claims them anew, so an older export's ack no
+    longer removes them. Idempotent: an unknown or acknowledged export_id removes nothing.
+    """
     Pause: _aio.UnaryUnaryMultiCallable[_proxy_pb2.PauseRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     """Generation control and weights."""
     Continue: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
@@ -195,6 +213,21 @@ class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _proxy_pb2.ExportTrajectoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_proxy_pb2.ExportChunk], _abc.AsyncIterator[_proxy_pb2.ExportChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def AckExport(
+        self,
+        request: _proxy_pb2.AckExportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.AckExportResponse, _abc.Awaitable[_proxy_pb2.AckExportResponse]]:
+        """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
+        export with remove_session deletes nothing; it claims the sessions it read under its
+        export_id. AckExport(export_id), sent once the client has every row of the export,
+        deletes the sessions still claimed by it and unchanged since they were read; a session
+        that gained a turn or a reward since is kept (its new rows were never sent). Until then
+        the rows stay exportable; a later export claims them anew, so an older export's ack no
+        longer removes them. Idempotent: an unknown or acknowledged export_id removes nothing.
+        """
 
     @_abc_1.abstractmethod
     def Pause(
