@@ -13,6 +13,8 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from cli_helpers import (
@@ -181,6 +183,67 @@ def test_sigkill_of_a_proxy_is_restarted_by_the_watchdog(svc):
     assert new["restarts"] == 1 and new["port"] == old["port"]  # same port: registration holds
     assert new["last_failure"]["reason"].startswith("process exited")
     a.wait_status("running")
+
+
+def _post(port: int, path: str, key: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_session_key_survives_a_watchdog_restart_of_the_gateway(svc):
+    """Session keys carry a MAC under the service's session-key secret: the gateway the
+    watchdog restarts gets the same secret, so an existing session's key keeps working; a
+    forged key (right shape, wrong MAC) is a 401 before and after."""
+    from areal_cli.launcher import SESSION_KEY_SECRET_ENV
+    from areal_runtime.session_keys import SECRET_ENV
+
+    assert SESSION_KEY_SECRET_ENV == SECRET_ENV  # the CLI sets what the gateway reads
+    a, port = svc
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    code, group = _post(port, "/rl/start_session", ADMIN_KEY, {"model": MODEL})
+    assert code == 201, group
+    key = group["sessions"][0]["session_api_key"]
+    sid = group["sessions"][0]["session_id"]
+    forged = key.rsplit(".", 1)[0] + "." + "A" * 22
+    assert _post(port, "/v1/chat/completions", key, chat)[0] == 200
+    assert _post(port, "/v1/chat/completions", forged, chat)[0] == 401
+
+    old = a("inf", "status", "--service", "default", "--json").json()["components"]["gateway"]
+    os.kill(old["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    new = old
+    while time.monotonic() < deadline:
+        new = a("inf", "status", "--service", "default", "--json").json()["components"]["gateway"]
+        if new["pid"] != old["pid"] and new["state"] == "running":
+            break
+        time.sleep(0.3)
+    assert new["pid"] != old["pid"] and new["state"] == "running", new
+    assert new["port"] == old["port"] == port
+    a.wait_status("running")
+
+    code, out = _post(port, "/v1/chat/completions", key, chat)
+    assert code == 200, out
+    code, out = _post(port, "/rl/set_reward", key, {"reward": 1.0})
+    assert code == 200 and out["session_id"] == sid, out
+    code, out = _post(port, "/v1/chat/completions", forged, chat)
+    assert code == 401 and out["error"]["type"] == "authentication_error", out
+    code, out = _post(port, "/rl/export_trajectories", ADMIN_KEY, {"session_ids": [sid]})
+    assert code == 200 and out["count"] == 2, out  # both chats, before and after the restart
+    # The secret is in the secrets file only: not in the gateway's argv, the state or a log.
+    secret = json.loads((a.home / "inf" / "services" / "default.secrets").read_text())[
+        "session_key_secret"
+    ]
+    assert secret.encode() not in open(f"/proc/{new['pid']}/cmdline", "rb").read()
+    assert secret not in (a.home / "inf" / "services" / "default.json").read_text()
+    assert all(secret not in p.read_text(errors="replace") for p in a.home.rglob("*.log"))
 
 
 def test_stop_and_force_stop(svc):
