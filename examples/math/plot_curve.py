@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     x, y = series("reward_mean")
-    ax.plot(x, y, color="#999999", lw=1, label="train reward (exact answer), per step")
+    ax.plot(x, y, ".-", color="#999999", lw=1, label="train reward (exact answer, T=1), per step")
     if len(y) >= 5:
         k = 5
         smooth = [
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     x, y = series("eval_strict_accuracy")
     ax.plot(x, y, "s--", color="#1f77b4", lw=1, label="held-out: the number alone")
     ax.set_xlabel("step (weight version)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
