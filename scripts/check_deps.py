@@ -60,7 +60,8 @@ def internal_pins(pkgs: list[Path]) -> bool:
             ok = False
             print(f"--- internal pin of {dep} differs or is missing: {by}")
     if ok:
-        print(f"--- internal pins agree: {', '.join(f'{d}{next(iter(b.values()))}' for d, b in sorted(seen.items()))}")
+        pins = ", ".join(f"{d}{next(iter(b.values()))}" for d, b in sorted(seen.items()))
+        print(f"--- internal pins agree: {pins}")
     return ok
 
 
