@@ -31,6 +31,7 @@ INFERENCE_PROXY = {
     "EndSessions",
     "SetReward",
     "ExportTrajectories",
+    "AckExport",
     "Pause",
     "Continue",
     "SetVersion",
