@@ -172,16 +172,31 @@ class Load:
             self.acked.setdefault(sid, []).append(r.json().get("id", ""))
 
 
+def _export_with_retry(c: httpx.Client, sids: list[str], patience: float = 90.0) -> httpx.Response:
+    # On a loaded machine the watchdog may be restarting a component (the gateway among
+    # them) when the row ends; a refused connection then is an outage, not a lost row.
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            r = c.post(
+                "/rl/export_trajectories",
+                json={"session_ids": sids, "style": "individual"},
+                headers={"Authorization": f"Bearer {KEY}"},
+            )
+            if r.status_code < 500 or time.monotonic() > deadline:
+                r.raise_for_status()
+                return r
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
+
+
 def exported_ids(url: str, sids: list[str]) -> set[str]:
     out: set[str] = set()
     with httpx.Client(base_url=url, timeout=120) as c:
         for i in range(0, len(sids), 50):
-            r = c.post(
-                "/rl/export_trajectories",
-                json={"session_ids": sids[i : i + 50], "style": "individual"},
-                headers={"Authorization": f"Bearer {KEY}"},
-            )
-            r.raise_for_status()
+            r = _export_with_retry(c, sids[i : i + 50])
             out.update(str(row.get("interaction_id")) for row in r.json()["rows"])
     return out
 

@@ -17,7 +17,7 @@ from testpaths import PARROT, RANDOM, ROOT, VLLM_TEST_CONTEXT  # noqa: F401 - re
 
 from areal_cli import engines, supervisor
 
-ENGINE_START_TIMEOUT = float(os.environ.get("AREAL_TEST_ENGINE_TIMEOUT", "240"))
+ENGINE_START_TIMEOUT = float(os.environ.get("AREAL_TEST_ENGINE_TIMEOUT", "600"))
 
 
 @dataclass(frozen=True)
