@@ -360,6 +360,21 @@ def test_engine_crash_via_bad_engine_args(clean):
     assert st.load("inf", "default") is None
 
 
+def test_engine_args_replace_the_cpu_defaults_of_the_same_name(clean):
+    """--engine-args is forwarded verbatim: a flag given there is not also passed with its CPU
+    default (each flag once, the user's value); defaults the user did not give stay."""
+    f = clean
+    user = "--mem-fraction-static 0.8 --max-total-tokens=2048 --disable-overlap-schedule"
+    assert _run_detached(f, "--no-supervise", *MODEL, "--engine-args", user).code == 0
+    argv = st.load("inf", "default")["components"]["m-worker-0"]["argv"]
+    flags = [t.split("=", 1)[0] for t in argv if t.startswith("--")]
+    assert len(flags) == len(set(flags)), argv
+    assert argv[-4:] == user.split()
+    assert argv[argv.index("--device") + 1] == "cpu"  # a default not given: kept
+    assert "0.05" not in argv and "4096" not in argv  # the replaced defaults' values
+    assert f.cli("inf", "stop").code == 0
+
+
 def test_register_failure_keeps_service(clean):
     f = clean
     assert _run_detached(f).code == 0

@@ -69,3 +69,39 @@ def test_sglang_launch_line():
     assert launch.env["HF_HUB_OFFLINE"] == "1"
     # On a GPU too (extra_args there are not the CPU flags): the proxy reads stream deltas.
     assert "--incremental-streaming-output" in launch.argv
+
+
+def test_user_engine_args_replace_defaults_of_the_same_name():
+    defaults = engines.SGLANG_CPU_ARGS.split()
+    user = ["--mem-fraction-static", "0.8", "--max-total-tokens=2048", "--disable-overlap-schedule"]
+    merged = engines.merge_engine_args(defaults, user)
+    # The user's string comes last, verbatim; every other default stays.
+    assert merged[-len(user) :] == user
+    assert merged[: -len(user)] == ["--device", "cpu", "--attention-backend", "torch_native"]
+    # `--flag=value` given by the user replaces `--flag value` of the defaults and back.
+    assert engines.merge_engine_args(["--x=1", "--y", "2"], ["--x", "3"]) == [
+        "--y",
+        "2",
+        "--x",
+        "3",
+    ]
+    # Values that look like flags (negative numbers) stay with their flag.
+    assert engines.merge_engine_args(["--seed", "-1", "--z"], ["--z"]) == ["--seed", "-1", "--z"]
+    assert engines.merge_engine_args(defaults, []) == defaults
+
+
+def test_launch_line_has_each_flag_once_with_the_users_value():
+    launch = engines.engine_launch(
+        "sglang",
+        python="/py",
+        model_path="/m",
+        served_name="tiny",
+        host="127.0.0.1",
+        port=9,
+        extra_args=engines.SGLANG_CPU_ARGS.split(),
+        user_args=["--mem-fraction-static=0.8", "--incremental-streaming-output"],
+    )
+    names = [t.split("=", 1)[0] for t in launch.argv if t.startswith("--")]
+    assert len(names) == len(set(names)), launch.argv
+    assert "--mem-fraction-static=0.8" in launch.argv and "0.05" not in launch.argv
+    assert "--device" in launch.argv and "--disable-overlap-schedule" in launch.argv

@@ -36,6 +36,41 @@ SGLANG_STREAM_ARGS = ("--incremental-streaming-output",)
 VLLM_CPU_ARGS = "--enforce-eager --dtype float32 --max-model-len 2048"
 
 
+def _flag_name(token: str) -> str | None:
+    """`--flag` / `--flag=value` / `-f` -> the flag's name; a value (`cpu`, `-1`) -> None."""
+    if not token.startswith("-") or token == "-" or token == "--":
+        return None
+    try:
+        float(token)
+        return None  # a negative number is a value
+    except ValueError:
+        pass
+    return token.split("=", 1)[0]
+
+
+def _flag_groups(args: list[str]) -> list[tuple[str | None, list[str]]]:
+    """Each flag with the values that follow it, up to the next flag."""
+    groups: list[tuple[str | None, list[str]]] = []
+    for token in args:
+        name = _flag_name(token)
+        if name is not None or not groups:
+            groups.append((name, [token]))
+        else:
+            groups[-1][1].append(token)
+    return groups
+
+
+def merge_engine_args(defaults: list[str], user: list[str]) -> list[str]:
+    """`defaults` without every flag that `user` gives, then `user` as given (verbatim).
+
+    A flag is matched by name whatever its form (`--flag value`, `--flag=value`, a boolean
+    `--flag`), so the engine sees each flag once, with the user's value; a default the user
+    did not give stays."""
+    given = {name for name, _ in _flag_groups(user) if name is not None}
+    kept = [tok for name, toks in _flag_groups(defaults) if name not in given for tok in toks]
+    return kept + list(user)
+
+
 def engines_dir() -> Path:
     if d := os.environ.get("AREAL_ENGINES_DIR"):
         return Path(d)
@@ -81,12 +116,18 @@ def engine_launch(
     extra_args: list[str] | None = None,
     tensor_parallel: int = 1,
     gpus: list[int] | None = None,
+    user_args: list[str] | None = None,
 ) -> EngineLaunch:
-    """The command line and environment that start one engine replica."""
+    """The command line and environment that start one engine replica.
+
+    `extra_args`: areal's defaults (the CPU flags, `[engine.*] default_args`); `user_args`:
+    `--engine-args`, forwarded verbatim, and a flag given there replaces the default of the
+    same name (`merge_engine_args`)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    extra = list(extra_args or [])
+    defaults = list(extra_args or [])
+    user = list(user_args or [])
     if engine == "sglang":
         argv = [
             python,
@@ -105,8 +146,9 @@ def engine_launch(
             argv += ["--tokenizer-path", tokenizer_path]
         if tensor_parallel > 1:
             argv += ["--tp-size", str(tensor_parallel)]
-        argv += SGLANG_STREAM_ARGS
-        return EngineLaunch(argv + extra, env, "/health")
+        return EngineLaunch(
+            argv + merge_engine_args([*SGLANG_STREAM_ARGS, *defaults], user), env, "/health"
+        )
     if engine == "vllm":
         # The vllm-cpu package's console script is broken; the module works.
         argv = [
@@ -137,5 +179,5 @@ def engine_launch(
             lib = Path(python).parent.parent / "lib" / "libiomp5.so"
             if lib.exists():
                 env["LD_PRELOAD"] = str(lib)
-        return EngineLaunch(argv + extra, env, "/health")
+        return EngineLaunch(argv + merge_engine_args(defaults, user), env, "/health")
     raise CLIError(f"unknown engine '{engine}' (known: {', '.join(ENGINE_VERSIONS)})")

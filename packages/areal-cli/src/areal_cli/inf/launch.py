@@ -166,7 +166,8 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
         "replicas": [],
     }
     launcher.state.setdefault("models", {})[spec.name] = record
-    extra = shlex.split(_default_engine_args(spec, bool(devices))) + shlex.split(spec.engine_args)
+    defaults = shlex.split(_default_engine_args(spec, bool(devices)))
+    user_args = shlex.split(spec.engine_args)
     preload, why_not = loopback.shim()
     if preload is None:
         progress(f"  warning: {why_not}; the engine may listen on a wildcard address")
@@ -181,7 +182,8 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
             host="127.0.0.1",
             port=port,
             tokenizer_path=spec.tokenizer_path if spec.tokenizer_path != spec.model_path else None,
-            extra_args=extra,
+            extra_args=defaults,
+            user_args=user_args,
             tensor_parallel=spec.backend.tp,
             gpus=gpus,
         )
