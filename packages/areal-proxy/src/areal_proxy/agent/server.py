@@ -15,7 +15,7 @@ from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.service import AgentModeServicer, add_to_server
 from areal_proxy.agent.sessions import AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
-from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.metrics import AgentProxyMetrics
 from areal_proxy.settings import Settings
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
@@ -35,14 +35,15 @@ class AgentProxyServer:
             if settings.inf_gateway_url
             else None
         )
+        self.metrics = AgentProxyMetrics()
         self.servicer = AgentModeServicer(  # type: ignore[abstract]
             self.worker,
             AgentSessions(settings.session_timeout),
             link=self.link,
             proxy_id=settings.proxy_id,
             turn_timeout=settings.request_timeout,
+            metrics=self.metrics,
         )
-        self.metrics = ProxyMetrics()
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(interceptors=server_interceptors())
         add_to_server(self.servicer, self.server)

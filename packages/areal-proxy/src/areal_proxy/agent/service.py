@@ -17,6 +17,7 @@ from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.sessions import AgentSession, AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
+from areal_proxy.metrics import AgentProxyMetrics
 from areal_runtime.errors import Conflict, Draining, ServiceError, SessionNotFound, abort
 from areal_runtime.session_keys import new_id
 
@@ -47,6 +48,7 @@ class AgentModeServicer(
         link: InferenceLink | None = None,
         proxy_id: str = "",
         turn_timeout: float | None = None,
+        metrics: AgentProxyMetrics | None = None,
     ) -> None:
         self.worker = worker
         self.sessions = sessions
@@ -57,6 +59,11 @@ class AgentModeServicer(
         self.total_turns = 0
         self.worker_healthy = False
         self.draining = False
+        self.metrics = metrics or AgentProxyMetrics()
+        # Read when /metrics is scraped.
+        self.metrics.running.set_function(lambda: self.running_turns)
+        self.metrics.sessions.set_function(lambda: len(self.sessions))
+        self.metrics.worker_healthy.set_function(lambda: float(self.worker_healthy))
 
     # -- background ---------------------------------------------------------
 
@@ -108,6 +115,7 @@ class AgentModeServicer(
         self, request: proxy_pb2.AgentTurnRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[proxy_pb2.AgentEventMessage]:
         env = request.envelope
+        started = time.monotonic()
         try:
             if self.draining:
                 raise Draining("this agent pair is draining")
@@ -117,42 +125,57 @@ class AgentModeServicer(
                     raise SessionNotFound(f"session '{request.session_id}' not found")
                 s = await self._create(request.session_id or new_id("agent"), "", {})
         except ServiceError as e:
+            self.metrics.observe_turn("error", time.monotonic() - started, e.code)
             await abort(context, e)
             return
         message = orjson.loads(request.message) if request.message else ""
         metadata = orjson.loads(request.metadata) if request.metadata else {}
-        async with s.lock:
-            self.running_turns += 1
-            self.total_turns += 1
-            parts: list[str] = []
-            failed = False
-            link = (
-                (self.link.base_url, s.rl_key, self.link.model) if self.link and s.rl_key else None
-            )
-            try:
-                async for typ, data in self.worker.run_turn(
-                    session_id=s.session_id,
-                    message=message,
-                    history=list(s.history),
-                    metadata={**s.metadata, **metadata},
-                    run_id=env.request_id or new_id("run"),
-                    link=link,
-                    rpc_timeout=self.turn_timeout,
-                ):
-                    if typ == "delta":
-                        parts.append(str(data.get("text", "")))
-                    elif typ == "error":
-                        failed = True
-                    yield proxy_pb2.AgentEventMessage(type=typ, data=orjson.dumps(data))
-            except ServiceError as e:
-                await abort(context, e)
-            finally:
-                self.running_turns -= 1
-                s.last_active_at = time.time()
-            if not failed:
-                s.history.append({"role": "user", "content": message})
-                s.history.append({"role": "assistant", "content": "".join(parts)})
-                s.turns += 1
+        # ok | error | cancelled (areal_proxy.metrics.TURN_OUTCOMES); None until known.
+        outcome: str | None = None
+        code = ""
+        try:
+            async with s.lock:
+                self.running_turns += 1
+                self.total_turns += 1
+                parts: list[str] = []
+                failed = False
+                link = (
+                    (self.link.base_url, s.rl_key, self.link.model)
+                    if self.link and s.rl_key
+                    else None
+                )
+                try:
+                    async for typ, data in self.worker.run_turn(
+                        session_id=s.session_id,
+                        message=message,
+                        history=list(s.history),
+                        metadata={**s.metadata, **metadata},
+                        run_id=env.request_id or new_id("run"),
+                        link=link,
+                        rpc_timeout=self.turn_timeout,
+                    ):
+                        if typ == "delta":
+                            parts.append(str(data.get("text", "")))
+                        elif typ == "error":
+                            # Known before the event goes out: a caller that stops reading
+                            # after it (the gateway, non-stream) does not make it "cancelled".
+                            failed = True
+                            outcome, code = "error", "agent_error"
+                        yield proxy_pb2.AgentEventMessage(type=typ, data=orjson.dumps(data))
+                    outcome = outcome or "ok"
+                except ServiceError as e:
+                    outcome, code = "error", e.code
+                    await abort(context, e)
+                finally:
+                    self.running_turns -= 1
+                    s.last_active_at = time.time()
+                if not failed:
+                    s.history.append({"role": "user", "content": message})
+                    s.history.append({"role": "assistant", "content": "".join(parts)})
+                    s.turns += 1
+        finally:
+            # Neither ok nor failed: the caller went away (the stream was cancelled).
+            self.metrics.observe_turn(outcome or "cancelled", time.monotonic() - started, code)
 
     async def CloseAgentSession(
         self, request: proxy_pb2.CloseAgentSessionRequest, context: grpc.aio.ServicerContext
