@@ -329,12 +329,15 @@ class AgentRewardRequest(_Request):
 
 
 class AgentExportRequest(_Request):
-    style: ExportStyle = "individual"
-    discount: float = 1.0
+    # As ExportRequest's (the session is the path's).
+    style: ExportStyle | None = "individual"
+    discount: float = Field(1.0, ge=0.0, le=1.0)
     remove_session: bool = False
 
 
 class AgentExportResult(_Response):
+    # As ExportResult (no export_id: the link removes what it exported itself).
+    count: int
     rows: list[TrajectoryRow]
 
 

@@ -34,6 +34,13 @@ log = logging.getLogger("areal_gateway.agent")
 AGENT_MODEL = "agent"
 AGENT_KIND = router_pb2.PROXY_KIND_AGENT
 SESSION_HEADER = "x-areal-session-id"
+# A session-metadata key the agent proxy takes out of the metadata on creation: that
+# session's idle timeout in seconds (at most the proxy's --session-timeout). The same string
+# as areal_proxy.agent.sessions.IDLE_TIMEOUT_KEY; reserved (POST /v1/sessions refuses it).
+IDLE_TIMEOUT_KEY = "areal_idle_timeout_s"
+# The idle timeout of a session the gateway makes for one admin turn without a session
+# (kept so that `previous_response_id` can chain on it; `store: false` ends it at once).
+IMPLICIT_SESSION_TTL_S = 300.0
 
 
 def principal(gw: Gateway, request: Request) -> Principal:
@@ -62,8 +69,13 @@ async def proxy_of(gw: Gateway, session_id: str) -> AgentProxyClient:
     return gw.agents.get(route.address)
 
 
-async def create_session(gw: Gateway, metadata: dict[str, Any]) -> dict[str, Any]:
-    """Mint an id and key, pin the session to the least-loaded pair, create it there."""
+async def create_session(
+    gw: Gateway, metadata: dict[str, Any], idle_timeout: float | None = None
+) -> dict[str, Any]:
+    """Mint an id and key, pin the session to the least-loaded pair, create it there
+    (`idle_timeout`: this session's, shorter than the proxy's --session-timeout)."""
+    if idle_timeout is not None:
+        metadata = {**metadata, IDLE_TIMEOUT_KEY: idle_timeout}
     session_id = new_id("agent")
     key = gw.auth.mint_session_key(session_id)
     bound = await gw.router.bind_sessions([session_id], AGENT_MODEL, kind=AGENT_KIND)
@@ -103,6 +115,16 @@ def stream_flag(doc: dict[str, Any]) -> bool:
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", code="invalid_type", param="stream")
     return stream
+
+
+def store_flag(doc: dict[str, Any]) -> bool:
+    """The Responses API's `store` (default true, as OpenAI's)."""
+    store = doc.get("store")
+    if store is None:
+        return True
+    if not isinstance(store, bool):
+        raise bad_request("'store' must be a boolean.", code="invalid_type", param="store")
+    return store
 
 
 def normalize_content(content: Any) -> Any:

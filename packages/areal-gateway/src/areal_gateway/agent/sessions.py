@@ -4,7 +4,7 @@
 | DELETE /v1/sessions/{id}            | admin or own | {session_id, closed}                             |
 | GET    /v1/sessions/{id}/history    | admin or own | {session_id, history: [...]}                     |
 | POST   /v1/sessions/{id}/reward     | admin or own | {session_id, interaction_id, reward} (linked)    |
-| POST   /v1/sessions/{id}/export     | admin or own | {rows: [...]} (linked)                           |
+| POST   /v1/sessions/{id}/export     | admin or own | {count, rows: [...]} (linked)                    |
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fastapi import APIRouter, Body, Depends
 from starlette.responses import Response
 
 from areal_gateway.agent.common import (
+    IDLE_TIMEOUT_KEY,
     check_session_access,
     create_session,
     log,
@@ -26,6 +27,7 @@ from areal_gateway.agent.common import (
     session_key_of,
 )
 from areal_gateway.api import ERRORS, AdminKey, AnyKey, GatewayDep, GatewayRoute, json_response
+from areal_gateway.openai.errors import bad_request
 from areal_gateway.schemas import (
     AgentExportRequest,
     AgentExportResult,
@@ -70,7 +72,14 @@ async def create(
     body: Annotated[CreateSessionRequest, Body(default_factory=CreateSessionRequest)],
 ) -> Response:
     """A session on the least-loaded pair, with its own key."""
-    out = await create_session(gw, dict(body.metadata or {}))
+    metadata = dict(body.metadata or {})
+    if IDLE_TIMEOUT_KEY in metadata:
+        raise bad_request(
+            f"'metadata.{IDLE_TIMEOUT_KEY}' is reserved.",
+            code="invalid_value",
+            param=f"metadata.{IDLE_TIMEOUT_KEY}",
+        )
+    out = await create_session(gw, metadata)
     return json_response(out, 201)
 
 
@@ -126,8 +135,10 @@ async def export(
     p: AnyKey,
     body: Annotated[AgentExportRequest, Body(default_factory=AgentExportRequest)],
 ) -> Response:
-    """The session's trajectory rows (a linked agent service)."""
-    style, discount, remove = body.style, body.discount, body.remove_session
+    """The session's trajectory rows (a linked agent service), in the shape of
+    `/rl/export_trajectories`: `{"count", "rows"}` (with `remove_session` the session's
+    RL records are removed once read, so there is no `export_id` to acknowledge)."""
+    style, discount, remove = body.style or "individual", body.discount, body.remove_session
     client = await proxy_of(gw, sid)
     timeout = gw.settings.request_timeout
     chunks = await client.export(
@@ -141,4 +152,7 @@ async def export(
         timeout,
     )
     rows = [line for chunk in chunks for line in chunk.splitlines() if line.strip()]
-    return Response(b'{"rows":[' + b",".join(rows) + b"]}", media_type="application/json")
+    return Response(
+        b'{"count":' + str(len(rows)).encode() + b',"rows":[' + b",".join(rows) + b"]}",
+        media_type="application/json",
+    )

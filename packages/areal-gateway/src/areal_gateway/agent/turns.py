@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from areal_gateway.agent.common import (
+    IMPLICIT_SESSION_TTL_S,
     SESSION_HEADER,
     check_session_access,
     create_session,
@@ -34,6 +35,7 @@ from areal_gateway.agent.common import (
     principal,
     proxy_of,
     release,
+    store_flag,
     stream_flag,
 )
 from areal_gateway.agent.shapes import ChatShape, ResponsesShape, agent_error, session_of_response
@@ -283,7 +285,7 @@ async def _session_for(
         return sid, False
     if asked:
         return asked, False
-    created = await create_session(gw, {})
+    created = await create_session(gw, {}, idle_timeout=IMPLICIT_SESSION_TTL_S)
     return created["session_id"], True
 
 
@@ -311,10 +313,22 @@ async def responses(request: Request) -> Response:
             code="invalid_type",
             param="previous_response_id",
         )
-    sid, _ = await _session_for(gw, p, metadata, previous)
+    store = store_flag(doc)
+    sid, made = await _session_for(gw, p, metadata, previous)
     shape = ResponsesShape(sid, _model(doc), {**metadata, "session_id": sid}, previous)
+    # A session made for this turn: `store: false` (nothing to chain on) ends it after the
+    # turn; otherwise it stays for `previous_response_id`, idle for IMPLICIT_SESSION_TTL_S.
     return TurnResponse(
-        gw, p, request_id(request), sid, message, metadata, stream, shape, _model(doc)
+        gw,
+        p,
+        request_id(request),
+        sid,
+        message,
+        metadata,
+        stream,
+        shape,
+        _model(doc),
+        ephemeral=made and not store,
     )
 
 

@@ -72,7 +72,8 @@ class AgentModeServicer(
         while True:
             self.worker_healthy = await self.worker.healthy(rpc_timeout=min(interval, 1.0))
             for s in self.sessions.idle():
-                log.info("session %s idle for %.0fs: closing", s.session_id, self.sessions.timeout)
+                idle = self.sessions.timeout_of(s)
+                log.info("session %s idle for %.0fs: closing", s.session_id, idle)
                 await self._close(s)
             await asyncio.sleep(interval)
 
@@ -125,7 +126,7 @@ class AgentModeServicer(
                     raise SessionNotFound(f"session '{request.session_id}' not found")
                 s = await self._create(request.session_id or new_id("agent"), "", {})
         except ServiceError as e:
-            self.metrics.observe_turn("error", time.monotonic() - started, e.code)
+            self.metrics.observe_turn("error", time.monotonic() - started, e.code or "")
             await abort(context, e)
             return
         message = orjson.loads(request.message) if request.message else ""
@@ -164,7 +165,7 @@ class AgentModeServicer(
                         yield proxy_pb2.AgentEventMessage(type=typ, data=orjson.dumps(data))
                     outcome = outcome or "ok"
                 except ServiceError as e:
-                    outcome, code = "error", e.code
+                    outcome, code = "error", e.code or ""
                     await abort(context, e)
                 finally:
                     self.running_turns -= 1
@@ -238,10 +239,12 @@ class AgentModeServicer(
         for sid in request.session_ids:
             try:
                 s, link = self._linked(sid, request.envelope)
+                # proto3 cannot tell 0.0 from unset: the gateway always sends the discount
+                # (as for the inference proxy's ExportTrajectories), so 0.0 means 0.0.
                 rows = await link.export(
                     s.rl_session_id,
                     request.style or "individual",
-                    request.discount or 1.0,
+                    request.discount,
                     request.remove_session,
                 )
             except ServiceError as e:

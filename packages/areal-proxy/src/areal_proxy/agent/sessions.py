@@ -15,6 +15,11 @@ from typing import Any
 from areal_runtime.errors import PermissionDenied, SessionExists
 from areal_runtime.session_keys import key_hash, key_matches
 
+# Taken out of a new session's metadata: its own idle timeout in seconds, at most the
+# proxy's. The gateway sets it on the session it makes for one admin turn
+# (areal_gateway.agent.common.IDLE_TIMEOUT_KEY, the same string).
+IDLE_TIMEOUT_KEY = "areal_idle_timeout_s"
+
 
 @dataclass(slots=True)
 class AgentSession:
@@ -29,6 +34,8 @@ class AgentSession:
     # The linked RL session (inference service), if any.
     rl_session_id: str = ""
     rl_key: str = ""
+    # This session's idle timeout; None = the proxy's.
+    idle_timeout: float | None = None
 
 
 class AgentSessions:
@@ -42,10 +49,17 @@ class AgentSessions:
     def create(self, session_id: str, key: str, metadata: dict[str, Any]) -> AgentSession:
         if session_id in self._by_id:
             raise SessionExists(f"session '{session_id}' already exists")
+        metadata = dict(metadata)
+        ttl = metadata.pop(IDLE_TIMEOUT_KEY, None)
         now = time.time()
         s = AgentSession(session_id, key_hash(key) if key else "", metadata, now, now)
+        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0:
+            s.idle_timeout = min(float(ttl), self.timeout)
         self._by_id[session_id] = s
         return s
+
+    def timeout_of(self, s: AgentSession) -> float:
+        return self.timeout if s.idle_timeout is None else s.idle_timeout
 
     def get(self, session_id: str, key: str, *, is_admin: bool) -> AgentSession | None:
         s = self._by_id.get(session_id)
@@ -64,5 +78,5 @@ class AgentSessions:
         return [
             s
             for s in self._by_id.values()
-            if not s.lock.locked() and now - s.last_active_at > self.timeout
+            if not s.lock.locked() and now - s.last_active_at > self.timeout_of(s)
         ]
