@@ -1,6 +1,8 @@
 """The generation endpoints without the framework's per-request layers.
 
-`POST /v1/chat/completions` and `POST /v1/completions` (and their aliases) are the hot path.
+`POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (and their
+aliases) are the hot path; the Responses endpoint is a translation onto the chat path
+(openai/responses/).
 Through FastAPI each request would pass some ten ASGI layers (error middleware, telemetry, body
 limit, exception handlers, exit stack, router, request/response wrapper), each wrapping
 `send` once more. `GenerationFastPath` sits in front of the app and is the only implementation
@@ -31,6 +33,8 @@ from areal_gateway.openai.forward import (
     parse_object,
     receive_body,
 )
+from areal_gateway.openai.responses import endpoint as responses
+from areal_gateway.openai.responses.store import ResponseStore
 from areal_gateway.runtime import Gateway
 from areal_runtime.errors import InternalError, PayloadTooLarge, ServiceError
 
@@ -41,6 +45,8 @@ _ENDPOINTS: dict[str, tuple[Endpoint, Any]] = {
     "/chat/completions": (CHAT, check_chat),
     "/v1/completions": (COMPLETIONS, check_completion),
     "/completions": (COMPLETIONS, check_completion),
+    "/v1/responses": (responses.RESPONSES, None),
+    "/responses": (responses.RESPONSES, None),
 }
 
 
@@ -53,6 +59,8 @@ class GenerationFastPath:
         self.enabled = gw is not None and gw.settings.mode == "inference"
         self._children: dict[str, tuple[Any, Any]] = {}
         self._status: dict[tuple[str, int], Any] = {}
+        # What `previous_response_id` continues, in this process (responses/store.py).
+        self.responses = ResponseStore()
 
     # Same series as MetricsMiddleware (one child lookup per label, then cached).
     def _metrics(self, label: str) -> tuple[Any, Any]:
@@ -91,12 +99,14 @@ class GenerationFastPath:
         )
         headers = [(b"content-type", b"application/json"), (b"allow", b"POST")]
         await _whole(send, 405, headers, error_body(err))
-        self._count(endpoint_label(scope["path"]), 405)
+        found = _ENDPOINTS.get(scope["path"])
+        label = "responses" if found and found[0] is responses.RESPONSES else None
+        self._count(label or endpoint_label(scope["path"]), 405)
 
     async def _generate(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        label = endpoint_label(scope["path"])
+        label = "responses" if endpoint is responses.RESPONSES else endpoint_label(scope["path"])
         inflight, latency = self._metrics(label)
         status = 500
         started = False
@@ -153,6 +163,8 @@ class GenerationFastPath:
         principal = gw.auth.authenticate(bearer_key(auth))
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
         doc = parse_object(body)
+        if endpoint is responses.RESPONSES:
+            return responses.prepare(gw, self.responses, principal, choose_request_id(rid), doc)
         model, stream = parse_model_and_stream(doc)
         check(doc)
         return GenerationResponse(

@@ -228,9 +228,26 @@ class GenerationResponse(Response):
     async def _send_error(self, send: Send, err: ServiceError) -> None:
         self.gw.metrics.errors.labels(str(err.http_status), err.code or "").inc()
         if self._headers_sent:
-            await send({"type": "http.response.body", "body": error_frame(err) + DONE})
+            await send({"type": "http.response.body", "body": self._stream_failed(err)})
             return
         await self._send_whole(send, err.http_status, error_body(err))
+
+    # -- what the client gets: chat and completions as the proxy answered (the Responses
+    # endpoint overrides these four to translate; responses/endpoint.py) --
+    def _result(self, body: bytes) -> bytes:
+        """The body for a whole answer."""
+        return body
+
+    def _stream_frames(self, batch: list[bytes]) -> bytes:
+        """The events for stream chunks that arrived together."""
+        return frames(batch)
+
+    def _stream_done(self) -> bytes:
+        return DONE
+
+    def _stream_failed(self, err: ServiceError) -> bytes:
+        """The last bytes of a stream that failed after its headers went out."""
+        return error_frame(err) + DONE
 
     async def _send_whole(self, send: Send, status: int, body: bytes) -> None:
         self._headers_sent = True
@@ -320,7 +337,7 @@ class GenerationResponse(Response):
                     )
                 else:
                     body = await self.endpoint.unary(client, request, self.remaining())
-                    await self._send_whole(send, 200, body)
+                    await self._send_whole(send, 200, self._result(body))
                 return
             except ServiceError as err:
                 # Nothing ran there: the proxy was unreachable, closed its stream unread, or is
@@ -354,25 +371,35 @@ class GenerationResponse(Response):
                 first = await batches.__anext__()
             except StopAsyncIteration:
                 await self._start_stream(send)
-                await send({"type": "http.response.body", "body": DONE})
+                await send({"type": "http.response.body", "body": self._stream_done()})
                 return
             # Errors before this point are plain HTTP errors with their status.
             metrics.first_chunk.labels(self.endpoint.label).observe(time.monotonic() - self.start)
             await self._start_stream(send)
             # Chunks that arrived together leave in one write; none waits for another.
-            await send({"type": "http.response.body", "body": frames(first), "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": self._stream_frames(first),
+                    "more_body": True,
+                }
+            )
             counter.inc(len(first))
             try:
                 async for batch in batches:
                     await send(
-                        {"type": "http.response.body", "body": frames(batch), "more_body": True}
+                        {
+                            "type": "http.response.body",
+                            "body": self._stream_frames(batch),
+                            "more_body": True,
+                        }
                     )
                     counter.inc(len(batch))
             except ServiceError as err:
                 log.warning("request %s: stream failed: %s", self.request_id, err.message)
                 await self._send_error(send, err)
                 return
-            await send({"type": "http.response.body", "body": DONE})
+            await send({"type": "http.response.body", "body": self._stream_done()})
         finally:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
@@ -396,17 +423,28 @@ class GenerationResponse(Response):
         chunks = fwd.iter_bytes(resp, model.name)
         try:
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                out = self._external_bytes(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
         except ServiceError as err:
             await self._send_error(send, err)
             return
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
             await resp.aclose()
-        await send({"type": "http.response.body", "body": b""})
+        await send({"type": "http.response.body", "body": self._external_done()})
+
+    def _external_bytes(self, chunk: bytes) -> bytes:
+        """What the client gets for bytes of an external model's event stream: the same."""
+        return chunk
+
+    def _external_done(self) -> bytes:
+        return b""
 
     async def _send_upstream_whole(self, send: Send, status: int, body: bytes, ctype: str) -> None:
         if status < 400 or _is_openai_error(body):
+            if status < 300:
+                body = self._result(body)
             self._headers_sent = True
             await send(
                 {

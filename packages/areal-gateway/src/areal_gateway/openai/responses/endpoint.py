@@ -1,0 +1,139 @@
+"""`POST /v1/responses` (alias `/responses`) on the inference gateway.
+
+    auth -> body -> translate (request.py; previous_response_id from the store) -> the chat
+    body down the chat generation path (openai/forward.py: Route, the proxy's Generate,
+    or an external model's /chat/completions) -> the chat answer translated back (chat.py)
+
+`ResponsesGeneration` is the chat path's `GenerationResponse` with its output translated:
+errors before the first chunk are the same HTTP errors, a client that goes away cancels the
+generation the same way, and with a session key the proxy records the interaction on the
+session exactly as a chat. A completed (or incomplete) response with `store` not false is
+kept for `previous_response_id` (store.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from areal_gateway.auth import Principal
+from areal_gateway.clients import ProxyClient
+from areal_gateway.openai.forward import Endpoint, GenerationResponse, parse_model_and_stream
+from areal_gateway.openai.responses import chat
+from areal_gateway.openai.responses.events import ResponseBuilder, new_id
+from areal_gateway.openai.responses.request import Translated, output_to_items, translate
+from areal_gateway.openai.responses.store import ResponseStore
+from areal_gateway.runtime import Gateway
+from areal_runtime.errors import NotFound, ServiceError, UpstreamError
+
+RESPONSES = Endpoint(
+    label="responses",
+    external_path="/chat/completions",
+    unary=ProxyClient.chat_completion,
+    stream=ProxyClient.chat_completion_stream,
+)
+
+_ADMIN_OWNER = "\x00admin"
+
+
+def owner_of(p: Principal) -> str:
+    """Who may continue a stored response: its maker's session, or the admin key."""
+    return p.session_id if p.session_id else _ADMIN_OWNER
+
+
+class ResponsesGeneration(GenerationResponse):
+    def __init__(
+        self,
+        gw: Gateway,
+        principal: Principal,
+        request_id: str,
+        model: str,
+        stream: bool,
+        t: Translated,
+        store: ResponseStore,
+    ) -> None:
+        super().__init__(
+            gw, RESPONSES, principal, request_id, model, stream, orjson.dumps(t.chat), t.chat
+        )
+        self.t = t
+        self.store = store
+        self.builder = ResponseBuilder(
+            new_id("resp"),
+            model,
+            echo=t.echo,
+            metadata=t.metadata,
+            previous_response_id=t.previous_response_id,
+            stream=stream,
+        )
+        self.translator = chat.StreamTranslator(self.builder)
+        self._sse = b""  # an external model's event stream, not yet a whole event
+
+    def _keep(self) -> None:
+        b = self.builder
+        if self.t.store and b.status in ("completed", "incomplete"):
+            conversation = [*self.t.history, *output_to_items(b.items)]
+            self.store.put(b.id, owner_of(self.principal), conversation)
+
+    # -- the translated output --
+    def _result(self, body: bytes) -> bytes:
+        try:
+            out = chat.whole(body, self.builder)
+        except (orjson.JSONDecodeError, AttributeError, TypeError, IndexError) as exc:
+            raise UpstreamError(f"The model's answer is not a chat completion ({exc}).") from None
+        self._keep()
+        return out
+
+    def _stream_frames(self, batch: list[bytes]) -> bytes:
+        return self.translator.chunks(batch)
+
+    def _stream_done(self) -> bytes:
+        out = self.translator.end()
+        self._keep()
+        return out
+
+    def _stream_failed(self, err: ServiceError) -> bytes:
+        out = b""
+        if not self.translator.started:
+            self.translator.started = True
+            out = self.builder.start()
+        return out + self.builder.fail(err.code or err.type or "error", err.message, err.param)
+
+    def _external_bytes(self, chunk: bytes) -> bytes:
+        buf = self._sse + chunk.replace(b"\r\n", b"\n")
+        *events, self._sse = buf.split(b"\n\n")
+        batch: list[bytes] = []
+        for event in events:
+            data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+            payload = b"\n".join(data)
+            if payload and payload != b"[DONE]":
+                batch.append(payload)
+        return self.translator.chunks(batch) if batch else b""
+
+    def _external_done(self) -> bytes:
+        return self._stream_done()
+
+
+def prepare(
+    gw: Gateway,
+    store: ResponseStore,
+    principal: Principal,
+    request_id: str,
+    doc: dict[str, Any],
+) -> ResponsesGeneration:
+    model, stream = parse_model_and_stream(doc)
+    owner = owner_of(principal)
+
+    def lookup(previous: str) -> list[dict[str, Any]]:
+        history = store.get(previous, owner)
+        if history is None:
+            raise NotFound(
+                f"Previous response with id {previous!r} not found (unknown, expired, made "
+                "with 'store': false, or by another key).",
+                code="previous_response_not_found",
+                param="previous_response_id",
+            )
+        return history
+
+    t = translate(doc, model, stream, lookup)
+    return ResponsesGeneration(gw, principal, request_id, model, stream, t, store)
