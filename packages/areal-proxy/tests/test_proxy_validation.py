@@ -42,7 +42,7 @@ CHAT_CASES: list[tuple[Any, str]] = [
     ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
     ({"messages": MSG, "max_tokens": "5"}, "max_tokens"),
     ({"messages": MSG, "max_completion_tokens": -1}, "max_completion_tokens"),
-    ({"messages": MSG, "n": 2}, "n"),
+    ({"messages": MSG, "n": 65}, "n"),
     ({"messages": MSG, "n": 0}, "n"),
     ({"messages": MSG, "temperature": "hot"}, "temperature"),
     ({"messages": MSG, "temperature": 5}, "temperature"),
@@ -64,6 +64,16 @@ CHAT_CASES: list[tuple[Any, str]] = [
     ({"messages": MSG, "top_k": -5}, "top_k"),
     ({"messages": MSG, "logit_bias": {"1": "x"}}, "logit_bias"),
     ({"messages": MSG, "model": 3}, "model"),
+    # Nothing accepted and ignored: an unknown field, or one areal cannot honour, is named.
+    ({"messages": MSG, "frobnicate": 1}, "frobnicate"),
+    ({"messages": MSG, "store": True}, "store"),
+    ({"messages": MSG, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"messages": MSG, "response_format": "json"}, "response_format"),
+    ({"messages": MSG, "regex": 5}, "regex"),
+    ({"messages": MSG, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": MSG, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
 ]
 
 COMPLETION_CASES: list[tuple[Any, str]] = [
@@ -71,14 +81,16 @@ COMPLETION_CASES: list[tuple[Any, str]] = [
     ({}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [[1, 2], [3]]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt[1]"),
+    ({"prompt": [[1, 2], []]}, "prompt[1]"),
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": [99999]}, "prompt"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": "x", "logprobs": 50}, "logprobs"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "n": 3}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "tools": []}, "tools"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
 ]
 
@@ -121,9 +133,18 @@ async def test_completion_rejects(proxy, body, param):
     assert proxy.engine.requests == []
 
 
-async def test_n_message_is_clear(proxy):
-    msg = await _expect_400(proxy.stub.ChatCompletion, {"messages": MSG, "n": 2}, "n")
-    assert msg == "n>1 is not supported; send n requests"
+async def test_unsupported_parameter_is_named_with_its_code(proxy):
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await proxy.stub.ChatCompletion(request({"messages": MSG, "audio": {"voice": "x"}}))
+    d = error_detail(ei.value)
+    assert (d.http_status, d.param, d.code) == (400, "audio", "unsupported_parameter")
+    assert "docs/openai-api.md" in d.message
+
+
+async def test_informational_fields_are_accepted(proxy):
+    body = {"messages": MSG, "user": "u1", "metadata": {"k": "v"}, "store": False}
+    r = await proxy.stub.ChatCompletion(request(body))
+    assert r.body
 
 
 async def test_prompt_longer_than_context():
@@ -138,10 +159,9 @@ async def test_prompt_longer_than_context():
         await h.close()
 
 
-async def test_unknown_fields_accepted_and_extensions_forwarded(proxy):
+async def test_informational_fields_accepted_and_extensions_forwarded(proxy):
     body = {
         "messages": MSG,
-        "frobnicate": {"a": 1},
         "user": "u1",
         "metadata": {"k": "v"},
         "response_format": {"type": "text"},
@@ -165,6 +185,7 @@ async def test_unknown_fields_accepted_and_extensions_forwarded(proxy):
     assert (req.temperature, req.top_p) == (0.7, 0.9)
     assert 7 in req.stop_token_ids and EOS in req.stop_token_ids
     assert req.extra == {"logit_bias": {"5": 1.0}}
+    assert req.constraint is None  # response_format "text" constrains nothing
 
 
 async def test_content_parts_and_tool_messages_render(proxy):

@@ -268,3 +268,25 @@ async def test_idle_sessions_expire(book):
     with pytest.raises(ServiceError) as info:
         book.authorize(sid, key, for_turn=True)
     assert info.value.code == "session_ended"
+
+
+async def test_a_closed_session_takes_rewards_only_for_unrewarded_interactions(book):
+    # The choices of one request (n > 1) are rewarded one by one after the first closed it.
+    [(sid, key)] = _start(book)
+    s = book.authorize(sid, key, for_turn=True)
+    a = await book.record(_new(sid, 0, [1], [2]))
+    b = await book.record(_new(sid, 1, [1], [3]))
+    book.set_reward(s, a.interaction_id, 1.0)
+
+    def fresh():  # as each RPC reads it
+        return book.authorize(sid, key, for_turn=False)
+
+    assert book.set_reward(fresh(), b.interaction_id, 0.5) == b.interaction_id
+    for again in (a.interaction_id, ""):  # a change, or "the last turn" again: refused
+        with pytest.raises(ServiceError) as info:
+            book.set_reward(fresh(), again, 9.0)
+        assert info.value.code == "session_finished"
+    with pytest.raises(ServiceError) as info:
+        book.set_reward(fresh(), "int-unknown", 1.0)
+    assert info.value.http_status == 404
+    assert [t.reward for t in book.store.interactions(sid)] == [1.0, 0.5]

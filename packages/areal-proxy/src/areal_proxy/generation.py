@@ -5,6 +5,11 @@ Continue and is resubmitted with `prompt + tokens so far` and the remaining budg
 client sees a slower answer, never an error or a truncation. Every output token is stamped
 with the weight version current when it was generated (`GenerationRecord.versions`).
 Nothing is ever retried after an engine error.
+
+A constrained generation (JSON schema, regex, forced tool call) cannot be resumed that way:
+the engine's grammar would start again at the continuation. It starts over from its prompt
+instead, its partial output dropped -- unless a stream already sent part of it, which then
+ends with a 503 asking for the request again (the only case a pause is an error).
 """
 
 from __future__ import annotations
@@ -49,6 +54,14 @@ class GenerationRecord:
     @property
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.token_ids)
+
+    def restart(self) -> None:
+        """Forget the output so far (a constrained generation starts over)."""
+        self.token_ids.clear()
+        self.logprobs.clear()
+        self.top_logprobs.clear()
+        self.versions.clear()
+        self.first_token_at = None
 
     def add(
         self,
@@ -231,6 +244,7 @@ class GenerationController:
     ) -> AsyncGenerator[Step, None]:
         """Steps as the engine produces tokens, across pause/resubmission."""
         want_tops = template.top_logprobs > 0
+        sent = False
         while True:
             await self._running.wait()
             if rec.remaining <= 0:
@@ -251,6 +265,17 @@ class GenerationController:
                         ids, lps, tops = _aligned(ids, lps, tops, want_tops)
                     elif not want_tops:
                         tops = []
+                    if by_pause and template.constraint is not None:
+                        if sent:
+                            raise EngineError(
+                                "a weight update interrupted this constrained generation after "
+                                "part of it was sent, and a constrained output cannot be "
+                                "resumed: send the request again",
+                                status=503,
+                            )
+                        rec.restart()
+                        resubmit = True
+                        break
                     rec.add(ids, lps, tops, version)
                     if by_pause:
                         if ids:
@@ -263,6 +288,7 @@ class GenerationController:
                         yield Step(ids, lps, tops, chunk.finish_reason, chunk.matched_stop)
                         return
                     if ids:
+                        sent = True
                         yield Step(ids, lps, tops)
             if not resubmit:
                 raise EngineError("engine stream ended without a finish reason", status=502)
@@ -280,6 +306,9 @@ class GenerationController:
             version = self.version  # as in stream(): the attempt's weights
             res = await self.engine.generate(self._attempt(rec, template))
             by_pause = self._by_pause(res.finish_reason, epoch)
+            if by_pause and template.constraint is not None:
+                rec.restart()
+                continue
             ids, lps, tops = _aligned(res.token_ids, res.logprobs, res.top_logprobs, want_tops)
             rec.add(ids, lps, tops, version)
             if not by_pause:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -18,6 +18,7 @@ from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
 from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError
 from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.forced_tools import forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.openai_request import (
     ChatRequest,
@@ -27,7 +28,12 @@ from areal_proxy.openai_request import (
     parse_chat,
     parse_completion,
 )
-from areal_proxy.output_parsing import collect_events, delta_dicts, make_output_parser
+from areal_proxy.output_parsing import (
+    collect_events,
+    delta_dicts,
+    first_call_only,
+    make_output_parser,
+)
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
@@ -130,6 +136,7 @@ class InferenceHandler:
             seed=s.seed,
             top_logprobs=top_logprobs,
             extra=s.extra,
+            constraint=(s.constraint.kind, s.constraint.value) if s.constraint else None,
         )
 
     def _prompts(self) -> PromptBuilder:
@@ -181,19 +188,19 @@ class InferenceHandler:
         prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot, rendered)
         return ot, prompt
 
-    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+    def completion_prompt(self, req: CompletionRequest, param: str = "prompt") -> list[int]:
         if req.prompt_ids is not None:
             return req.prompt_ids
         text = req.prompt_text or ""
         ctx = self.context_length
         if ctx and (n := self.tok.min_tokens(text)) >= ctx:
-            raise self._too_long(n, "prompt", at_least=True)
+            raise self._too_long(n, param, at_least=True)
         try:
             ids = self.tok.encode(text, add_special_tokens=True, limit=ctx)
         except PromptTooLong as e:
-            raise self._too_long(e.tokens, "prompt") from None
+            raise self._too_long(e.tokens, param) from None
         if not ids:
-            raise bad("'prompt' encodes to no tokens", "prompt")
+            raise bad(f"'{param}' encodes to no tokens", param)
         return ids
 
     def _visible_ids(self, ids: list[int], finish: str | None, stop_ids: list[int]) -> list[int]:
@@ -263,53 +270,92 @@ class InferenceHandler:
                 ot, messages=messages, response=response, rec=rec, finish_reason=finish
             )
 
+    def _chat_template(self, req: ChatRequest) -> GenerationRequest:
+        template = self._template(req.sampling, req.top_logprobs)
+        forced = forced_constraint(
+            self.config.tool_call_parser,
+            self.config.reasoning_parser,
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+        )
+        if forced is not None:
+            if template.constraint is not None:
+                raise bad(
+                    "a forced 'tool_choice' and a constrained 'response_format' cannot both "
+                    "hold the output",
+                    "tool_choice",
+                )
+            template.constraint = (forced.kind, forced.value)
+        return template
+
+    def _output_parser(self, req: ChatRequest) -> Any | None:
+        return make_output_parser(
+            self.config.tool_call_parser if req.parse_tools else "",
+            self.config.reasoning_parser,
+            req.tools,
+        )
+
     async def chat(
         self, body: bytes, env: Envelope | None = None
     ) -> tuple[bytes, GenerationRecord]:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
-        template = self._template(req.sampling, req.top_logprobs)
-        rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
-        )
+        template = self._chat_template(req)
+        budget = self._budget(len(prompt), req.sampling.max_tokens, "messages")
+        n = req.sampling.n
+        recs = [self.controller.start(prompt, budget) for _ in range(n)]
         try:
-            await self.controller.generate(rec, template)
+            await _all(self.controller.generate(rec, template) for rec in recs)
         finally:
-            self.controller.finish(rec)
-        text, finish = self._final_text(rec, template, req.sampling)
-        content: str | None = text
-        reasoning: str | None = None
-        calls: list[dict[str, Any]] | None = None
-        parser = make_output_parser(
-            self.config.tool_call_parser if req.parse_tools else "",
-            self.config.reasoning_parser,
-            req.tools,
-        )
-        if parser is not None:
-            parsed = parser.parse(text)
-            content, reasoning = parsed.content, parsed.reasoning_content
-            calls = [out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls] or None
-            if calls and finish == "stop":
-                finish = "tool_calls"
-        lp = (
-            out.chat_logprobs(self.tok, rec.token_ids, rec.logprobs, rec.top_logprobs)
-            if req.logprobs
-            else None
-        )
-        await self._commit(ot, req.messages, _assistant(content, reasoning, calls), rec, finish)
+            for rec in recs:
+                self.controller.finish(rec)
+        choices = []
+        for i, rec in enumerate(recs):
+            text, finish = self._final_text(rec, template, req.sampling)
+            content: str | None = text
+            reasoning: str | None = None
+            calls: list[dict[str, Any]] | None = None
+            parser = self._output_parser(req)
+            if parser is not None:
+                parsed = parser.parse(text)
+                content, reasoning = parsed.content, parsed.reasoning_content
+                calls = [
+                    out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls
+                ] or None
+                if calls and not req.parallel_tool_calls:
+                    calls = calls[:1]
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            lp = (
+                out.chat_logprobs(self.tok, rec.token_ids, rec.logprobs, rec.top_logprobs)
+                if req.logprobs
+                else None
+            )
+            await self._commit(
+                _choice_turn(ot, rid, i, n),
+                req.messages,
+                _assistant(content, reasoning, calls),
+                rec,
+                finish,
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "message": out.chat_message(content, reasoning, calls),
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                }
+            )
         body_out = out.chat_completion(
             rid=rid,
             created=int(time.time()),
             model=self.config.model,
-            content=content,
-            reasoning_content=reasoning,
-            tool_calls=calls,
-            finish_reason=finish,
-            logprobs=lp,
-            usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+            choices=choices,
+            usage_=_usage(recs),
         )
-        return orjson.dumps(body_out), rec
+        return orjson.dumps(body_out), recs[0]
 
     async def chat_stream(
         self, body: bytes, env: Envelope | None = None
@@ -317,97 +363,120 @@ class InferenceHandler:
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
-        template = self._template(req.sampling, req.top_logprobs)
-        rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "messages")
-        )
-        parser = make_output_parser(
-            self.config.tool_call_parser if req.parse_tools else "",
-            self.config.reasoning_parser,
-            req.tools,
-        )
+        template = self._chat_template(req)
+        budget = self._budget(len(prompt), req.sampling.max_tokens, "messages")
+        n = req.sampling.n
+        recs = [self.controller.start(prompt, budget) for _ in range(n)]
+        created = int(time.time())
+        try:
+            streams = [
+                self._chat_choice_stream(
+                    req, rec, template, _choice_turn(ot, rid, i, n), rid, created, i
+                )
+                for i, rec in enumerate(recs)
+            ]
+            async with aclosing(_merged(streams)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            if req.include_usage:
+                yield orjson.dumps(
+                    out.usage_chunk(
+                        rid=rid,
+                        created=created,
+                        model=self.config.model,
+                        obj="chat.completion.chunk",
+                        usage_=_usage(recs),
+                    )
+                )
+        finally:
+            for rec in recs:
+                self.controller.finish(rec)
+
+    async def _chat_choice_stream(
+        self,
+        req: ChatRequest,
+        rec: GenerationRecord,
+        template: GenerationRequest,
+        ot: OpenTurn | None,
+        rid: str,
+        created: int,
+        index: int,
+    ) -> AsyncGenerator[bytes, None]:
+        """The chunks of one choice of a streamed chat."""
+        parser = self._output_parser(req)
         streamer = parser.streamer() if parser is not None else None
-        created, model = int(time.time()), self.config.model
+        model = self.config.model
         texts: list[str] = []
         # The parser events as streamed, so the recorded message has the tool call ids the
         # client got (parsing the text again would mint new ones).
         events: list[Any] = []
         usage_field = req.include_usage
         first = True
-        try:
-            async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
-                async for ts in steps:
-                    if ot is not None:
-                        texts.append(ts.text)
-                    if streamer is not None:
-                        raw = streamer.feed(ts.text) if ts.text else []
-                        if ts.finish_reason is not None:
-                            raw.extend(streamer.finish())
-                        if ot is not None:
-                            events.extend(raw)
-                        deltas = delta_dicts(raw)
-                    else:
-                        deltas = [{"content": ts.text}] if ts.text else []
-                    ids = ts.step.token_ids
-                    lp = (
-                        out.chat_logprobs(self.tok, ids, ts.step.logprobs, ts.step.top_logprobs)
-                        if req.logprobs and ids
-                        else None
-                    )
-                    if first:
-                        first = False
-                        if deltas:
-                            deltas[0] = {"role": "assistant", **deltas[0]}
-                        else:
-                            deltas = [{"role": "assistant", "content": ""}]
-                    elif not deltas and lp is not None:
-                        deltas = [{"content": ""}]
-                    for i, delta in enumerate(deltas):
-                        yield orjson.dumps(
-                            out.chat_chunk(
-                                rid=rid,
-                                created=created,
-                                model=model,
-                                delta=delta,
-                                logprobs=lp if i == 0 else None,
-                                with_usage_field=usage_field,
-                            )
-                        )
+        async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
+            async for ts in steps:
+                if ot is not None:
+                    texts.append(ts.text)
+                if streamer is not None:
+                    raw = streamer.feed(ts.text) if ts.text else []
                     if ts.finish_reason is not None:
-                        finish = ts.finish_reason
-                        if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
-                            finish = "tool_calls"
-                        if ot is not None:
-                            # Committed before the client sees the end: acknowledged = durable.
-                            await self._commit(
-                                ot,
-                                req.messages,
-                                self._streamed_response("".join(texts), events, streamer),
-                                rec,
-                                finish,
-                            )
-                        yield orjson.dumps(
-                            out.chat_chunk(
-                                rid=rid,
-                                created=created,
-                                model=model,
-                                delta={},
-                                finish_reason=finish,
-                                with_usage_field=usage_field,
-                            )
-                        )
-            if req.include_usage:
-                yield orjson.dumps(
-                    out.usage_chunk(
-                        rid=rid,
-                        created=created,
-                        model=model,
-                        obj="chat.completion.chunk",
-                        usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
-                    )
+                        raw.extend(streamer.finish())
+                    if not req.parallel_tool_calls:
+                        raw = first_call_only(raw)
+                    if ot is not None:
+                        events.extend(raw)
+                    deltas = delta_dicts(raw)
+                else:
+                    deltas = [{"content": ts.text}] if ts.text else []
+                ids = ts.step.token_ids
+                lp = (
+                    out.chat_logprobs(self.tok, ids, ts.step.logprobs, ts.step.top_logprobs)
+                    if req.logprobs and ids
+                    else None
                 )
-        finally:
-            self.controller.finish(rec)
+                if first:
+                    first = False
+                    if deltas:
+                        deltas[0] = {"role": "assistant", **deltas[0]}
+                    else:
+                        deltas = [{"role": "assistant", "content": ""}]
+                elif not deltas and lp is not None:
+                    deltas = [{"content": ""}]
+                for i, delta in enumerate(deltas):
+                    yield orjson.dumps(
+                        out.chat_chunk(
+                            rid=rid,
+                            created=created,
+                            model=model,
+                            delta=delta,
+                            logprobs=lp if i == 0 else None,
+                            with_usage_field=usage_field,
+                            index=index,
+                        )
+                    )
+                if ts.finish_reason is not None:
+                    finish = ts.finish_reason
+                    if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
+                        finish = "tool_calls"
+                    if ot is not None:
+                        # Committed before the client sees the end: acknowledged = durable.
+                        await self._commit(
+                            ot,
+                            req.messages,
+                            self._streamed_response("".join(texts), events, streamer),
+                            rec,
+                            finish,
+                        )
+                    yield orjson.dumps(
+                        out.chat_chunk(
+                            rid=rid,
+                            created=created,
+                            model=model,
+                            delta={},
+                            finish_reason=finish,
+                            with_usage_field=usage_field,
+                            index=index,
+                        )
+                    )
 
     def _streamed_response(self, text: str, events: list[Any], streamer: Any) -> dict[str, Any]:
         """The assistant message a stream sent: its parsed parts, as the client got them."""
@@ -419,12 +488,39 @@ class InferenceHandler:
 
     # ---- completions -------------------------------------------------------------------
 
-    def _echo_text(self, req: CompletionRequest, prompt: list[int]) -> str:
+    def _echo_text(self, req: CompletionRequest, prompt: list[int], source: str | list[int]) -> str:
         if not req.echo:
             return ""
-        if req.prompt_text is not None:
-            return req.prompt_text
+        if isinstance(source, str):
+            return source
         return self.tok.decode(prompt, skip_special_tokens=req.sampling.skip_special_tokens)
+
+    async def _completion_prompts(
+        self, body: bytes, req: CompletionRequest, ot: OpenTurn | None
+    ) -> list[list[int]]:
+        heavy = _heavy(body, ot)
+        prompts = []
+        for i, source in enumerate(req.prompts):
+            one = replace(
+                req,
+                prompt_text=source if isinstance(source, str) else None,
+                prompt_ids=source if not isinstance(source, str) else None,
+            )
+            param = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+            prompts.append(await self._off_loop(heavy, self.completion_prompt, one, param))
+        return prompts
+
+    def _completion_recs(
+        self, req: CompletionRequest, prompts: list[list[int]]
+    ) -> list[tuple[GenerationRecord, int]]:
+        """One record per choice: prompt i's j-th sample is choice i * n + j (as OpenAI)."""
+        n = req.sampling.n
+        out_: list[tuple[GenerationRecord, int]] = []
+        for i, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            budget = self._budget(len(prompt), req.sampling.max_tokens, param)
+            out_.extend((self.controller.start(prompt, budget), i) for _ in range(n))
+        return out_
 
     async def completion(
         self, body: bytes, env: Envelope | None = None
@@ -432,41 +528,45 @@ class InferenceHandler:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)
-        prompt = await self._off_loop(_heavy(body, ot), self.completion_prompt, req)
+        prompts = await self._completion_prompts(body, req, ot)
         top = req.logprobs or 0
         template = self._template(req.sampling, top)
-        rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "prompt")
-        )
+        recs = self._completion_recs(req, prompts)
         try:
-            await self.controller.generate(rec, template)
+            await _all(self.controller.generate(rec, template) for rec, _ in recs)
         finally:
-            self.controller.finish(rec)
-        text, finish = self._final_text(rec, template, req.sampling)
-        echo = self._echo_text(req, prompt)
-        await self._commit(ot, _prompt_of(req), text, rec, finish)
-        lp = (
-            out.completion_logprobs(
-                self.tok,
-                rec.token_ids,
-                rec.logprobs,
-                rec.top_logprobs,
-                with_top=top > 0,
-                offset=len(echo),
+            for rec, _ in recs:
+                self.controller.finish(rec)
+        choices = []
+        for k, (rec, i) in enumerate(recs):
+            text, finish = self._final_text(rec, template, req.sampling)
+            echo = self._echo_text(req, prompts[i], req.prompts[i])
+            await self._commit(
+                _choice_turn(ot, rid, k, len(recs)), _source_text(req.prompts[i]), text, rec, finish
             )
-            if req.logprobs is not None
-            else None
-        )
+            lp = (
+                out.completion_logprobs(
+                    self.tok,
+                    rec.token_ids,
+                    rec.logprobs,
+                    rec.top_logprobs,
+                    with_top=top > 0,
+                    offset=len(echo),
+                )
+                if req.logprobs is not None
+                else None
+            )
+            choices.append(
+                {"index": k, "text": echo + text, "logprobs": lp, "finish_reason": finish}
+            )
         body_out = out.completion(
             rid=rid,
             created=int(time.time()),
             model=self.config.model,
-            text=echo + text,
-            finish_reason=finish,
-            logprobs=lp,
-            usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+            choices=choices,
+            usage_=_usage([rec for rec, _ in recs]),
         )
-        return orjson.dumps(body_out), rec
+        return orjson.dumps(body_out), recs[0][0]
 
     async def completion_stream(
         self, body: bytes, env: Envelope | None = None
@@ -474,64 +574,93 @@ class InferenceHandler:
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)
-        prompt = await self._off_loop(_heavy(body, ot), self.completion_prompt, req)
-        top = req.logprobs or 0
-        template = self._template(req.sampling, top)
-        rec = self.controller.start(
-            prompt, self._budget(len(prompt), req.sampling.max_tokens, "prompt")
-        )
-        created, model = int(time.time()), self.config.model
-        texts: list[str] = []
-        pending = self._echo_text(req, prompt)
-        offset = len(pending)
-        usage_field = req.include_usage
+        prompts = await self._completion_prompts(body, req, ot)
+        template = self._template(req.sampling, req.logprobs or 0)
+        recs = self._completion_recs(req, prompts)
+        created = int(time.time())
         try:
-            async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
-                async for ts in steps:
-                    ids = ts.step.token_ids
-                    lp = None
-                    if req.logprobs is not None and ids:
-                        lp = out.completion_logprobs(
-                            self.tok,
-                            ids,
-                            ts.step.logprobs,
-                            ts.step.top_logprobs,
-                            with_top=top > 0,
-                            offset=offset,
-                        )
-                        offset += sum(len(t) for t in lp["tokens"])
-                    text = pending + ts.text
-                    pending = ""
-                    if ot is not None:
-                        texts.append(ts.text)
-                        if ts.finish_reason is not None:
-                            await self._commit(
-                                ot, _prompt_of(req), "".join(texts), rec, ts.finish_reason
-                            )
-                    if text or lp is not None or ts.finish_reason is not None:
-                        yield orjson.dumps(
-                            out.completion_chunk(
-                                rid=rid,
-                                created=created,
-                                model=model,
-                                text=text,
-                                finish_reason=ts.finish_reason,
-                                logprobs=lp,
-                                with_usage_field=usage_field,
-                            )
-                        )
+            streams = [
+                self._completion_choice_stream(
+                    req,
+                    rec,
+                    template,
+                    _choice_turn(ot, rid, k, len(recs)),
+                    self._echo_text(req, prompts[i], req.prompts[i]),
+                    _source_text(req.prompts[i]),
+                    rid,
+                    created,
+                    k,
+                )
+                for k, (rec, i) in enumerate(recs)
+            ]
+            async with aclosing(_merged(streams)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             if req.include_usage:
                 yield orjson.dumps(
                     out.usage_chunk(
                         rid=rid,
                         created=created,
-                        model=model,
+                        model=self.config.model,
                         obj="text_completion",
-                        usage_=out.usage(len(rec.prompt_ids), len(rec.token_ids)),
+                        usage_=_usage([rec for rec, _ in recs]),
                     )
                 )
         finally:
-            self.controller.finish(rec)
+            for rec, _ in recs:
+                self.controller.finish(rec)
+
+    async def _completion_choice_stream(
+        self,
+        req: CompletionRequest,
+        rec: GenerationRecord,
+        template: GenerationRequest,
+        ot: OpenTurn | None,
+        echo: str,
+        source: str,
+        rid: str,
+        created: int,
+        index: int,
+    ) -> AsyncGenerator[bytes, None]:
+        top = req.logprobs or 0
+        model = self.config.model
+        texts: list[str] = []
+        pending = echo
+        offset = len(pending)
+        usage_field = req.include_usage
+        async with aclosing(self._text_steps(rec, template, req.sampling)) as steps:
+            async for ts in steps:
+                ids = ts.step.token_ids
+                lp = None
+                if req.logprobs is not None and ids:
+                    lp = out.completion_logprobs(
+                        self.tok,
+                        ids,
+                        ts.step.logprobs,
+                        ts.step.top_logprobs,
+                        with_top=top > 0,
+                        offset=offset,
+                    )
+                    offset += sum(len(t) for t in lp["tokens"])
+                text = pending + ts.text
+                pending = ""
+                if ot is not None:
+                    texts.append(ts.text)
+                    if ts.finish_reason is not None:
+                        await self._commit(ot, source, "".join(texts), rec, ts.finish_reason)
+                if text or lp is not None or ts.finish_reason is not None:
+                    yield orjson.dumps(
+                        out.completion_chunk(
+                            rid=rid,
+                            created=created,
+                            model=model,
+                            text=text,
+                            finish_reason=ts.finish_reason,
+                            logprobs=lp,
+                            with_usage_field=usage_field,
+                            index=index,
+                        )
+                    )
 
 
 # Bodies above this are templated and tokenized off the event loop (about 100 us of work
@@ -556,5 +685,70 @@ def _assistant(
     return msg
 
 
-def _prompt_of(req: CompletionRequest) -> str:
-    return req.prompt_text if req.prompt_text is not None else ""
+def _source_text(source: str | list[int]) -> str:
+    """What a completions interaction records as its prompt text ("" for token ids)."""
+    return source if isinstance(source, str) else ""
+
+
+def _choice_turn(ot: OpenTurn | None, rid: str, index: int, total: int) -> OpenTurn | None:
+    """The open turn of choice `index`: with one choice the request's own (its interaction id
+    is the response id); with several, one sibling interaction each, `<response id>-<index>`."""
+    if ot is None or total == 1:
+        return ot
+    return OpenTurn(
+        ot.turn, f"{rid}-{index}", ot.started, ot.inherited, response_id=rid, choice_index=index
+    )
+
+
+def _usage(recs: list[GenerationRecord]) -> dict[str, int]:
+    return out.usage(sum(len(r.prompt_ids) for r in recs), sum(len(r.token_ids) for r in recs))
+
+
+async def _all(coros: Iterable[Awaitable[None]]) -> None:
+    """Await every coroutine; on the first failure cancel the others, then raise it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if len(tasks) == 1:
+        await tasks[0]
+        return
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _merged(streams: list[AsyncGenerator[bytes, None]]) -> AsyncGenerator[bytes, None]:
+    """The chunks of every choice's stream, in the order they are produced."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for chunk in only:
+                yield chunk
+        return
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncGenerator[bytes, None]) -> None:
+        try:
+            async with aclosing(stream) as s:
+                async for chunk in s:
+                    await queue.put(chunk)
+        except BaseException as e:  # handed to the consumer, which raises it
+            await queue.put(e)
+            return
+        await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        done = 0
+        while done < len(tasks):
+            item = await queue.get()
+            if item is None:
+                done += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

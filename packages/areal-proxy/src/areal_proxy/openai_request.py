@@ -1,7 +1,10 @@
 """OpenAI request bodies -> typed requests, or InvalidRequest (400) naming the bad param.
 
-Unknown fields are accepted and ignored; the sampling extensions engines know (top_k,
-min_p, repetition_penalty, ignore_eos, seed, stop_token_ids, logit_bias ...) are kept.
+Nothing is accepted and silently ignored: a field outside CHAT_FIELDS / COMPLETION_FIELDS
+(or one of INFORMATIONAL, which by the API's own definition changes no output) is a 400
+`unsupported_parameter` naming it. docs/openai-api.md lists the same sets (tests/test_docs.py
+compares them). The sampling extensions engines know (top_k, min_p, repetition_penalty,
+ignore_eos, stop_token_ids, SGLang's regex / ebnf) are honoured.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from areal_runtime.errors import InvalidRequest
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
+# Choices per request (`n`) and prompts per completions request: each one is a generation
+# on the engine, and inside an RL session an interaction of its own.
+MAX_N = 64
+MAX_PROMPTS = 64
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # Roles whose messages must carry content (assistant may carry only tool calls).
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
@@ -25,6 +32,89 @@ def bad(
     message: str, param: str | None = None, code: str | None = "invalid_request"
 ) -> InvalidRequest:
     return InvalidRequest(message, param=param, code=code)
+
+
+def unsupported(param: str, why: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"'{param}' {why}; docs/openai-api.md lists the parameters areal honours",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+_SAMPLING_FIELDS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "stop",
+        "logit_bias",
+        "response_format",
+        # Engine extensions (SGLang's and vLLM's names).
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "skip_special_tokens",
+        "stop_token_ids",
+        "regex",
+        "ebnf",
+    }
+)
+CHAT_FIELDS = _SAMPLING_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+}
+COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+# Fields that by the API's definition change no output: accepted, and they change nothing.
+INFORMATIONAL = frozenset(
+    {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+)
+# Fields accepted only at the value that asks for nothing areal lacks.
+_ONLY_DEFAULT: dict[str, tuple[Any, ...]] = {
+    "store": (None, False),  # a stored completion could be listed later: areal keeps none
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "suffix": (None, ""),
+    "reasoning_effort": (None,),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "functions": (None,),
+    "function_call": (None,),
+}
+
+
+def _check_fields(d: dict[str, Any], allowed: frozenset[str] | set[str], what: str) -> None:
+    for key, value in d.items():
+        if key in _ONLY_DEFAULT:
+            if value not in _ONLY_DEFAULT[key]:
+                raise unsupported(key, f"is not supported by {what} (value {value!r})")
+            continue
+        if key not in allowed and key not in INFORMATIONAL:
+            raise unsupported(key, f"is not a parameter {what} honours")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """Constrained decoding, engine-neutral: `kind` is json_schema, regex, ebnf or
+    structural_tag (SGLang's sampling parameter names), `value` the engine's string."""
+
+    kind: str
+    value: str
 
 
 @dataclass(slots=True)
@@ -44,6 +134,8 @@ class Sampling:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
+    n: int = 1
+    constraint: Constraint | None = None
     # Engine sampling fields with no typed slot, forwarded as they came.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -54,6 +146,7 @@ class ChatRequest:
     sampling: Sampling
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
     include_usage: bool = False
@@ -69,6 +162,9 @@ class CompletionRequest:
     sampling: Sampling
     prompt_text: str | None = None
     prompt_ids: list[int] | None = None
+    # Every prompt of a list-of-prompts request (each a str or token ids); prompt_text /
+    # prompt_ids hold the first.
+    prompts: list[str | list[int]] = field(default_factory=list)
     echo: bool = False
     # None: no logprobs; otherwise how many top alternatives per token.
     logprobs: int | None = None
@@ -133,13 +229,13 @@ def _sampling(d: dict[str, Any]) -> Sampling:
     if "model" in d and d["model"] is not None and not isinstance(d["model"], str):
         raise bad("'model' must be a string", "model")
     n = _int(d, "n")
-    if n is not None and n != 1:
-        if n > 1:
-            raise bad("n>1 is not supported; send n requests", "n", "n_not_supported")
-        raise bad("'n' must be 1", "n")
+    if n is not None:
+        if not 1 <= n <= MAX_N:
+            raise bad(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
+        s.n = n
     best_of = _int(d, "best_of")
-    if best_of is not None and best_of != 1:
-        raise bad("best_of>1 is not supported; send separate requests", "best_of")
+    if best_of is not None and best_of != s.n:
+        raise unsupported("best_of", "other than n is not supported (areal returns every sample)")
     for key in ("max_completion_tokens", "max_tokens"):
         v = _int(d, key)
         if v is not None:
@@ -181,7 +277,63 @@ def _sampling(d: dict[str, Any]) -> Sampling:
             raise bad("'logit_bias' must map token ids to numbers", "logit_bias")
         if bias:
             s.extra["logit_bias"] = {str(k): float(v) for k, v in bias.items()}
+    s.constraint = _constraint(d)
     return s
+
+
+def _constraint(d: dict[str, Any]) -> Constraint | None:
+    """The output constraint of `response_format`, or of SGLang's `regex` / `ebnf`."""
+    found: list[Constraint] = []
+    for key in ("regex", "ebnf"):
+        v = d.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, str) or not v:
+            raise bad(f"'{key}' must be a non-empty string", key)
+        found.append(Constraint(key, v))
+    rf = d.get("response_format")
+    if rf is not None:
+        c = response_format_constraint(rf, "response_format")
+        if c is not None:
+            found.append(c)
+    if len(found) > 1:
+        raise bad(
+            "only one of 'response_format', 'regex' and 'ebnf' may constrain the output",
+            "response_format",
+        )
+    return found[0] if found else None
+
+
+def response_format_constraint(rf: Any, param: str) -> Constraint | None:
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise bad(f"'{param}' must be an object with a string 'type'", param)
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_schema", '{"type": "object"}')
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise bad(f"'{param}.json_schema' must be an object", f"{param}.json_schema")
+        schema = js.get("schema", {})
+        if not isinstance(schema, dict):
+            raise bad("'schema' must be a JSON schema object", f"{param}.json_schema.schema")
+        if (strict := js.get("strict")) is not None and not isinstance(strict, bool):
+            raise bad("'strict' must be a boolean", f"{param}.json_schema.strict")
+        # strict or not, the output is held to the schema: the engine enforces it.
+        return Constraint("json_schema", orjson.dumps(schema or {"type": "object"}).decode())
+    if kind == "regex":  # SGLang's extension of response_format
+        pattern = rf.get("regex") or rf.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise bad("a 'regex' response format needs a string 'regex'", f"{param}.regex")
+        return Constraint("regex", pattern)
+    raise bad(
+        f"response format type {kind!r} is not supported "
+        "(expected text, json_object, json_schema or regex)",
+        f"{param}.type",
+        "unsupported_parameter",
+    )
 
 
 def _stream_options(d: dict[str, Any]) -> bool:
@@ -315,6 +467,7 @@ def _tool_choice(d: dict[str, Any]) -> Any:
 
 def parse_chat(body: bytes) -> ChatRequest:
     d = load_body(body)
+    _check_fields(d, CHAT_FIELDS, "/v1/chat/completions")
     messages = _messages(d)
     sampling = _sampling(d)
     logprobs = _bool(d, "logprobs")
@@ -334,6 +487,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         sampling=sampling,
         tools=_tools(d),
         tool_choice=_tool_choice(d),
+        parallel_tool_calls=_bool(d, "parallel_tool_calls", True),
         logprobs=logprobs,
         top_logprobs=top or 0,
         include_usage=_stream_options(d),
@@ -341,34 +495,42 @@ def parse_chat(body: bytes) -> ChatRequest:
     )
 
 
-def _prompt(d: dict[str, Any], vocab_size: int) -> tuple[str | None, list[int] | None]:
+def _one_prompt(prompt: Any, vocab_size: int, param: str) -> str | list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("a prompt must not be empty", param)
+        return prompt
+    if isinstance(prompt, list):
+        if not prompt:
+            raise bad("a prompt must not be empty", param)
+        if not all(_is_int(t) for t in prompt):
+            raise bad("a prompt must be a string or a list of token ids", param)
+        if vocab_size and any(t < 0 or t >= vocab_size for t in prompt):
+            raise bad(
+                f"the prompt has token ids outside the vocabulary (0..{vocab_size - 1})", param
+            )
+        return prompt
+    raise bad("a prompt must be a string or a list of token ids", param)
+
+
+def _prompts(d: dict[str, Any], vocab_size: int) -> list[str | list[int]]:
+    """`prompt` as a list of prompts: a string, token ids, or a list of either."""
     prompt = d.get("prompt")
     if prompt is None:
         raise bad("'prompt' is required", "prompt")
     if isinstance(prompt, list) and prompt and not _is_int(prompt[0]):
-        if len(prompt) > 1:
-            raise bad("batched prompts are not supported; send one request per prompt", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad("'prompt' must not be empty", "prompt")
-        return prompt, None
-    if isinstance(prompt, list):
-        if not prompt:
-            raise bad("'prompt' must not be empty", "prompt")
-        if not all(_is_int(t) for t in prompt):
-            raise bad("'prompt' must be a string or a list of token ids", "prompt")
-        if vocab_size and any(t < 0 or t >= vocab_size for t in prompt):
-            raise bad(
-                f"'prompt' has token ids outside the vocabulary (0..{vocab_size - 1})", "prompt"
-            )
-        return None, prompt
-    raise bad("'prompt' must be a string or a list of token ids", "prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise bad(f"'prompt' takes at most {MAX_PROMPTS} prompts", "prompt")
+        return [_one_prompt(p, vocab_size, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, vocab_size, "prompt")]
 
 
 def parse_completion(body: bytes, *, vocab_size: int = 0) -> CompletionRequest:
     d = load_body(body)
-    text, ids = _prompt(d, vocab_size)
+    _check_fields(d, COMPLETION_FIELDS, "/v1/completions")
+    prompts = _prompts(d, vocab_size)
+    first = prompts[0]
+    text, ids = (first, None) if isinstance(first, str) else (None, first)
     sampling = _sampling(d)
     lp = d.get("logprobs")
     logprobs: int | None = None
@@ -384,6 +546,7 @@ def parse_completion(body: bytes, *, vocab_size: int = 0) -> CompletionRequest:
         sampling=sampling,
         prompt_text=text,
         prompt_ids=ids,
+        prompts=prompts,
         echo=_bool(d, "echo"),
         logprobs=logprobs,
         include_usage=_stream_options(d),

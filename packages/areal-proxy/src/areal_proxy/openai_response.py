@@ -71,31 +71,34 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def chat_completion(
-    *,
-    rid: str,
-    created: int,
-    model: str,
+def chat_message(
     content: str | None,
     reasoning_content: str | None,
     tool_calls: list[dict[str, Any]] | None,
-    finish_reason: str,
-    logprobs: dict[str, Any] | None,
-    usage_: dict[str, int],
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
     if reasoning_content is not None:
         message["reasoning_content"] = reasoning_content
     if tool_calls:
         message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_completion(
+    *,
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_: dict[str, int],
+) -> dict[str, Any]:
+    """`choices`: {"index", "message", "logprobs", "finish_reason"} each."""
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
+        "choices": choices,
         "usage": usage_,
     }
 
@@ -109,6 +112,7 @@ def chat_chunk(
     finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     with_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
     chunk: dict[str, Any] = {
         "id": rid,
@@ -116,7 +120,7 @@ def chat_chunk(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         ],
     }
     if with_usage_field:
@@ -129,19 +133,16 @@ def completion(
     rid: str,
     created: int,
     model: str,
-    text: str,
-    finish_reason: str,
-    logprobs: dict[str, Any] | None,
+    choices: list[dict[str, Any]],
     usage_: dict[str, int],
 ) -> dict[str, Any]:
+    """`choices`: {"index", "text", "logprobs", "finish_reason"} each."""
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
+        "choices": choices,
         "usage": usage_,
     }
 
@@ -155,6 +156,7 @@ def completion_chunk(
     finish_reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     with_usage_field: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
     chunk: dict[str, Any] = {
         "id": rid,
@@ -162,7 +164,7 @@ def completion_chunk(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         ],
     }
     if with_usage_field:

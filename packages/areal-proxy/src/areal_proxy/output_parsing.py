@@ -34,6 +34,13 @@ def collect_events(events: list[Any]) -> Any:
     return collect(events)
 
 
+def first_call_only(events: list[Any]) -> list[Any]:
+    """The events without those of a second or later tool call (`parallel_tool_calls: false`)."""
+    from areal_proxy.parsers import ToolCallDelta
+
+    return [e for e in events if not (isinstance(e, ToolCallDelta) and e.index > 0)]
+
+
 def delta_dicts(deltas: list[Any]) -> list[dict[str, Any]]:
     """Parser deltas -> OpenAI chat `delta` objects, consecutive ones of a kind merged."""
     from areal_proxy.parsers import ContentDelta, ReasoningDelta, ToolCallDelta

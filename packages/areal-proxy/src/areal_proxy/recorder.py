@@ -27,6 +27,10 @@ class OpenTurn:
     started: float
     # Tokens the prompt took over from the parent turn (concat template), else 0.
     inherited: int = 0
+    # A request with several choices (`n`, a list of prompts): each is an interaction of its
+    # own, all with the request's response id and their choice index.
+    response_id: str = ""
+    choice_index: int = 0
 
     @property
     def previous_ids(self) -> list[int] | None:
@@ -104,6 +108,8 @@ class Recorder:
             finished_at=now,
             timings=timings,
             inherited=inherited,
+            response_id=ot.response_id or ot.interaction_id,
+            choice_index=ot.choice_index,
         )
         # What the store may take from the parent rather than write again (flat disk per turn).
         it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered)

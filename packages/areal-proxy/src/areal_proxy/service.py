@@ -409,7 +409,8 @@ class ProxyServicer(
     async def SetReward(self, request: Any, context: Any) -> proxy_pb2.SetRewardResponse:
         def act() -> proxy_pb2.SetRewardResponse:
             env = request.envelope if request.HasField("envelope") else None
-            session = self._acting_on(env, request.session_id, for_turn=True)
+            # Not for_turn: set_reward itself says what a closed session still accepts.
+            session = self._acting_on(env, request.session_id, for_turn=False)
             iid = self._sessions().set_reward(session, request.interaction_id, request.reward)
             return proxy_pb2.SetRewardResponse(interaction_id=iid, reward=request.reward)
 

@@ -41,6 +41,9 @@ class GenerationRequest:
     top_logprobs: int = 0
     # Engine-side request id, so the request can be aborted by id.
     rid: str | None = None
+    # Constrained decoding: (kind, value), kind one of json_schema, regex, ebnf,
+    # structural_tag (SGLang's names; each client maps them to its engine's).
+    constraint: tuple[str, str] | None = None
     # Sampling fields the caller passed that have no typed slot here; they are
     # forwarded to the engine as they came.
     extra: dict[str, Any] = field(default_factory=dict)

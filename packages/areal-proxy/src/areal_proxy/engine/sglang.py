@@ -47,6 +47,9 @@ def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
         params["stop_token_ids"] = req.stop_token_ids
     if req.seed is not None:
         params["sampling_seed"] = req.seed
+    if req.constraint is not None:
+        kind, value = req.constraint
+        params[kind] = value
     params.update(req.extra)
     return params
 

@@ -53,6 +53,13 @@ _TOKEN_PREFIX = "token_id:"
 _CLIENT_STATUSES = {400, 413, 422}
 # SGLang-style pause modes mapped onto vLLM's (abort, wait, keep).
 _PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep"}
+# SGLang's constraint names -> vLLM's `structured_outputs` keys.
+_STRUCTURED = {
+    "json_schema": "json",
+    "regex": "regex",
+    "ebnf": "grammar",
+    "structural_tag": "structural_tag",
+}
 _DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (areal_cli.engines sets it)"
 
 
@@ -86,6 +93,9 @@ def _payload(req: GenerationRequest, model: str, stream: bool) -> bytes:
         body["request_id"] = req.rid
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if req.constraint is not None:
+        kind, value = req.constraint
+        body["structured_outputs"] = {_STRUCTURED[kind]: value}
     body.update(req.extra)
     return orjson.dumps(body)
 

@@ -15,7 +15,9 @@ Styles:
   tokens exactly, so it starts a new row instead of silently drifting.
 
 Discount: rewards walk back over a session's turns, `r_i += discount * r_{i+1}`
-(an unrewarded turn counts as 0).
+(an unrewarded turn counts as 0). The choices of one request (`n`, same `response_id`) are
+one step: alternatives, not a chain, so none adds to another; the turn before them gets the
+mean of their returns.
 """
 
 from __future__ import annotations
@@ -29,12 +31,21 @@ STYLES = ("individual", "concat")
 
 
 def discounted_rewards(turns: list[Interaction], discount: float) -> list[float]:
+    # Steps: runs of consecutive turns that are choices of one response.
+    steps: list[list[int]] = []
+    for i, it in enumerate(turns):
+        prev = turns[i - 1] if i else None
+        if prev is not None and it.response_id and it.response_id == prev.response_id:
+            steps[-1].append(i)
+        else:
+            steps.append([i])
     out = [0.0] * len(turns)
-    acc = 0.0
-    for i in range(len(turns) - 1, -1, -1):
-        r = turns[i].reward or 0.0
-        acc = r + (discount * acc if i < len(turns) - 1 else 0.0)
-        out[i] = acc
+    later = 0.0  # the return of the step after this one
+    for j in range(len(steps) - 1, -1, -1):
+        carry = discount * later if j < len(steps) - 1 else 0.0
+        for i in steps[j]:
+            out[i] = (turns[i].reward or 0.0) + carry
+        later = sum(out[i] for i in steps[j]) / len(steps[j])
     return out
 
 
@@ -44,6 +55,9 @@ def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
         "group_id": session.group_id,
         "task_id": session.task_id,
         "interaction_id": it.interaction_id,
+        # Several choices of one request (`n`) are sibling interactions of one response.
+        "response_id": it.response_id or it.interaction_id,
+        "choice_index": it.choice_index,
         "reward": reward,
         "finish_reason": it.finish_reason,
     }

@@ -32,6 +32,10 @@ class Interaction:
     # many leading messages are the parent's messages + answer; the store keeps the rest.
     shared_tokens: int = 0
     shared_messages: int = 0
+    # The OpenAI response this interaction is a choice of, and which choice ("" and 0 for
+    # rows recorded before choices were kept: their interaction id is the response id).
+    response_id: str = ""
+    choice_index: int = 0
 
 
 @dataclass(slots=True)

@@ -159,11 +159,15 @@ class SessionBook:
         if s.ended_at is not None:
             raise Conflict(f"session '{session_id}' has ended", code="session_ended")
         if for_turn and self._closed_by_reward(s):
-            raise Conflict(
-                f"session '{session_id}' was closed by set_reward; start a new session for more turns",
-                code="session_finished",
-            )
+            raise self._finished(session_id)
         return s
+
+    @staticmethod
+    def _finished(session_id: str) -> Conflict:
+        return Conflict(
+            f"session '{session_id}' was closed by set_reward; start a new session for more turns",
+            code="session_finished",
+        )
 
     def _closed_by_reward(self, s: Session, now: float | None = None) -> bool:
         if s.last_reward_at is None:
@@ -218,13 +222,23 @@ class SessionBook:
     def set_reward(self, session: Session, interaction_id: str, reward: float) -> str:
         if not isinstance(reward, (int, float)) or isinstance(reward, bool) or reward != reward:
             raise InvalidRequest("reward must be a finite number", param="reward")
+        # A reward closes the session (set_reward_finish_timeout): no more turns, and no
+        # reward changes -- but an interaction still without one may get it, named by id, so
+        # the choices of one request (`n`, a GRPO group from one call) can each be rewarded.
+        closed = self._closed_by_reward(session)
+        if closed and not interaction_id:
+            raise self._finished(session.session_id)
         iid = interaction_id or self.store.last_interaction_id(session.session_id)
         if iid is None:
             raise Conflict(
                 f"session '{session.session_id}' has no interaction to reward yet",
                 code="no_interaction",
             )
-        if not self.store.set_reward(session.session_id, iid, float(reward), time.time()):
+        if not self.store.set_reward(
+            session.session_id, iid, float(reward), time.time(), only_unrewarded=closed
+        ):
+            if closed and self.store.interaction(iid) is not None:
+                raise self._finished(session.session_id)
             raise NotFound(
                 f"interaction '{iid}' not found in session '{session.session_id}'",
                 code="interaction_not_found",

@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS interactions (
   inherited INTEGER NOT NULL DEFAULT 0,
   shared_tokens INTEGER NOT NULL DEFAULT 0,
   shared_messages INTEGER NOT NULL DEFAULT 0,
+  response_id TEXT NOT NULL DEFAULT '',
+  choice_index INTEGER NOT NULL DEFAULT 0,
   UNIQUE (session_id, seq)
 );
 """
@@ -73,6 +75,8 @@ _MIGRATIONS = (
     ("interactions", "shared_tokens", "INTEGER NOT NULL DEFAULT 0"),
     ("interactions", "shared_messages", "INTEGER NOT NULL DEFAULT 0"),
     ("sessions", "exported_at", "REAL"),
+    ("interactions", "response_id", "TEXT NOT NULL DEFAULT ''"),
+    ("interactions", "choice_index", "INTEGER NOT NULL DEFAULT 0"),
 )
 # After the migrations: the index on a migrated column.
 _INDEXES = """
@@ -87,7 +91,7 @@ _SESSION_COLS = (
 _INTERACTION_COLS = (
     "interaction_id, session_id, seq, parent_id, messages, response, prompt_ids, output_ids, "
     "logprobs, versions, finish_reason, reward, created_at, finished_at, timings, inherited, "
-    "shared_tokens, shared_messages"
+    "shared_tokens, shared_messages, response_id, choice_index"
 )
 
 
@@ -118,7 +122,9 @@ def _session(row: tuple[Any, ...]) -> Session:
 def _interaction(row: tuple[Any, ...]) -> Interaction:
     """The row as stored: `prompt_ids` and `messages` hold only what follows the shared
     part (see `_whole`)."""
-    (iid, sid, seq, parent, msgs, resp, p, o, lp, v, fin, rew, c, f, tim, inh, st, sm) = row
+    (iid, sid, seq, parent, msgs, resp, p, o, lp, v, fin, rew, c, f, tim, inh, st, sm, rsp, ci) = (
+        row
+    )
     return Interaction(
         interaction_id=iid,
         session_id=sid,
@@ -138,6 +144,8 @@ def _interaction(row: tuple[Any, ...]) -> Interaction:
         inherited=inh,
         shared_tokens=st,
         shared_messages=sm,
+        response_id=rsp,
+        choice_index=ci,
     )
 
 
@@ -372,6 +380,8 @@ class Store:
             it.inherited,
             it.shared_tokens,
             it.shared_messages,
+            it.response_id,
+            it.choice_index,
         )
         marks = ",".join("?" * len(row))
         with self._tx():
@@ -443,10 +453,20 @@ class Store:
         ).fetchone()
         return row[0] if row else None
 
-    def set_reward(self, session_id: str, interaction_id: str, reward: float, at: float) -> bool:
+    def set_reward(
+        self,
+        session_id: str,
+        interaction_id: str,
+        reward: float,
+        at: float,
+        *,
+        only_unrewarded: bool = False,
+    ) -> bool:
+        unrewarded = " AND reward IS NULL" if only_unrewarded else ""
         with self._tx():
             cur = self._db.execute(
-                "UPDATE interactions SET reward = ? WHERE interaction_id = ? AND session_id = ?",
+                "UPDATE interactions SET reward = ? WHERE interaction_id = ? AND session_id = ?"
+                + unrewarded,
                 (reward, interaction_id, session_id),
             )
             if cur.rowcount:

@@ -1,0 +1,338 @@
+"""n choices, lists of prompts, structured outputs and forced tool calls, through the real
+ProxyServer (gRPC on loopback) and a fake engine; the engine payloads they become."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import orjson
+import pytest
+from proxy_fakes import EOS, FakeEngineClient, error_detail, request, start, wait_for
+from test_proxy_sessions import _export, _group
+
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.proxy.v1 import proxy_pb2
+from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.engine.sglang import _payload as sglang_payload
+from areal_proxy.engine.vllm import _payload as vllm_payload
+
+MSG = [{"role": "user", "content": "hi"}]
+SEQ = [*range(40, 52), EOS]
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+
+
+@pytest.fixture
+async def proxy():
+    h = await start(FakeEngineClient(SEQ))
+    yield h
+    await h.close()
+
+
+async def _reject(call, body, param, code=None):
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await call(request(body))
+    d = error_detail(ei.value)
+    assert (d.http_status, d.param) == (400, param), d.message
+    if code:
+        assert d.code == code, d.message
+    return d.message
+
+
+# ---- n and lists of prompts ------------------------------------------------------------
+
+
+async def test_n_chat_gives_n_choices_from_n_engine_generations(proxy):
+    out = await proxy.chat({"messages": MSG, "n": 3, "logprobs": True})
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    text = proxy.tok.decode(SEQ[:-1])
+    assert all(c["message"]["content"] == text for c in out["choices"])
+    assert all(len(c["logprobs"]["content"]) == len(SEQ) for c in out["choices"])
+    assert len(proxy.engine.requests) == 3
+    assert len({r.rid for r in proxy.engine.requests}) == 3  # each abortable on its own
+    prompt = len(proxy.engine.requests[0].input_ids)
+    assert out["usage"]["completion_tokens"] == 3 * len(SEQ)
+    assert out["usage"]["prompt_tokens"] == 3 * prompt
+
+
+async def test_n_chat_stream_carries_each_choice_index_to_its_end(proxy):
+    chunks = await proxy.chat_stream(
+        {"messages": MSG, "n": 2, "stream_options": {"include_usage": True}}
+    )
+    text = proxy.tok.decode(SEQ[:-1])
+    for i in range(2):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert mine[0]["delta"]["role"] == "assistant"
+        assert "".join(c["delta"].get("content") or "" for c in mine) == text
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["stop"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2 * len(SEQ)
+
+
+async def test_completion_prompt_list_times_n_orders_choices_by_prompt(proxy):
+    out = await proxy.completion({"prompt": [[5, 6], [7, 8]], "n": 2, "echo": True})
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    body = proxy.tok.decode(SEQ[:-1])
+    first, second = proxy.tok.decode([5, 6]), proxy.tok.decode([7, 8])
+    assert [c["text"] for c in out["choices"]] == [first + body] * 2 + [second + body] * 2
+    assert sorted(r.input_ids for r in proxy.engine.requests) == [[5, 6], [5, 6], [7, 8], [7, 8]]
+
+    chunks = await proxy.completion_stream({"prompt": [[5, 6], [7, 8]], "max_tokens": 3})
+    finished = sorted(c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"])
+    assert finished == [0, 1]
+
+
+async def test_each_choice_is_its_own_recorded_interaction():
+    h = await start(FakeEngineClient(SEQ))
+    try:
+        [(sid, key)] = await _group(h)
+        out = await h.chat({"messages": MSG, "n": 3}, api_key=key, session_id=sid)
+        rows = await _export(h, session_ids=[sid])
+        assert len(rows) == 3
+        assert {r["response_id"] for r in rows} == {out["id"]}
+        assert sorted(r["choice_index"] for r in rows) == [0, 1, 2]
+        assert sorted(r["interaction_id"] for r in rows) == [f"{out['id']}-{i}" for i in range(3)]
+        # A group's rewards go to each choice by its interaction id, and the choices of one
+        # request are alternatives: no discounting from one into another.
+        for i, reward in ((1, 1.0), (2, 0.5)):
+            await h.stub.SetReward(
+                proxy_pb2.SetRewardRequest(
+                    session_id=sid,
+                    interaction_id=f"{out['id']}-{i}",
+                    reward=reward,
+                    envelope=envelope_pb2.Envelope(api_key=key, session_id=sid),
+                )
+            )
+        rows = await _export(h, session_ids=[sid], discount=1.0)
+        assert {x["choice_index"]: x["reward"] for x in rows} == {0: 0.0, 1: 1.0, 2: 0.5}
+        # One choice, as before: the interaction id is the response id.
+        [(sid2, key2)] = await _group(h)
+        one = await h.chat({"messages": MSG}, api_key=key2, session_id=sid2)
+        rows = await _export(h, session_ids=[sid2])
+        assert [(x["interaction_id"], x["response_id"], x["choice_index"]) for x in rows] == [
+            (one["id"], one["id"], 0)
+        ]
+    finally:
+        await h.close()
+
+
+async def test_a_failing_choice_fails_the_request_and_stops_the_others():
+    engine = FakeEngineClient(SEQ, delay=0.01)
+    h = await start(engine)
+    try:
+        task = asyncio.create_task(h.chat({"messages": MSG, "n": 4}))
+        await wait_for(lambda: len(engine.requests) == 4)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_for(lambda: h.server.controller.inflight == {})
+    finally:
+        await h.close()
+
+
+# ---- structured outputs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind", "value"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "w", "schema": SCHEMA, "strict": True},
+                }
+            },
+            "json_schema",
+            SCHEMA,
+        ),
+        ({"response_format": {"type": "json_object"}}, "json_schema", {"type": "object"}),
+        ({"response_format": {"type": "regex", "regex": "(yes|no)"}}, "regex", "(yes|no)"),
+        ({"regex": "[0-9]+"}, "regex", "[0-9]+"),
+        ({"ebnf": 'root ::= "a" | "b"'}, "ebnf", 'root ::= "a" | "b"'),
+    ],
+)
+async def test_constraints_reach_the_engine_request(proxy, extra, kind, value):
+    await proxy.chat({"messages": MSG, **extra})
+    await proxy.completion({"prompt": "x", **extra})
+    for req in proxy.engine.requests:
+        assert req.constraint is not None and req.constraint[0] == kind
+        got = json.loads(req.constraint[1]) if kind == "json_schema" else req.constraint[1]
+        assert got == value
+
+
+async def test_two_constraints_are_refused(proxy):
+    body = {"messages": MSG, "regex": "a", "response_format": {"type": "json_object"}}
+    await _reject(proxy.stub.ChatCompletion, body, "response_format")
+    assert proxy.engine.requests == []
+
+
+def test_engine_payloads_carry_the_constraint():
+    req = GenerationRequest(input_ids=[1], max_new_tokens=4, constraint=("json_schema", '{"a": 1}'))
+    assert orjson.loads(sglang_payload(req, False))["sampling_params"]["json_schema"] == '{"a": 1}'
+    assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {"json": '{"a": 1}'}
+    req.constraint = ("ebnf", "root ::= x")
+    assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {
+        "grammar": "root ::= x"
+    }
+    req.constraint = None
+    assert "structured_outputs" not in orjson.loads(vllm_payload(req, "m", False))
+    assert "json_schema" not in orjson.loads(sglang_payload(req, False))["sampling_params"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_pause_restarts_a_constrained_generation_from_its_prompt(stream):
+    engine = FakeEngineClient(SEQ, delay=0.01)
+    h = await start(engine)
+    try:
+        body = {"messages": MSG, "response_format": {"type": "json_object"}}
+        call = h.chat_stream(body) if stream else h.chat(body)
+        task = asyncio.create_task(call)
+        await wait_for(lambda: engine.tokens_sent >= 3)
+        await h.stub.Pause(proxy_pb2.PauseRequest())
+        await h.stub.Continue(proxy_pb2.ContinueRequest())
+        if stream:
+            # Part of it was already sent: the grammar cannot resume, so the stream says so.
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await asyncio.wait_for(task, 5)
+            assert error_detail(ei.value).http_status == 503
+            assert "send the request again" in error_detail(ei.value).message
+        else:
+            out = await asyncio.wait_for(task, 5)
+            first, second = engine.requests
+            assert second.input_ids == first.input_ids  # from the prompt, not prompt + partial
+            (rec,) = h.records
+            assert rec.token_ids == SEQ and rec.attempts == 2
+            assert out["choices"][0]["message"]["content"] == h.tok.decode(SEQ[:-1])
+    finally:
+        await h.close()
+
+
+# ---- forced tool calls -----------------------------------------------------------------
+
+
+async def _tool_proxy(parser="hermes", reasoning=""):
+    return await start(FakeEngineClient([]), tool_call_parser=parser, reasoning_parser=reasoning)
+
+
+async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
+    h = await _tool_proxy()
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    h.engine.sequence = [*h.tok.encode(text), EOS]
+    try:
+        out = await h.chat({"messages": MSG, "tools": TOOLS, "tool_choice": "required"})
+        (req,) = h.engine.requests
+        kind, value = req.constraint
+        tag = json.loads(value)
+        assert kind == "structural_tag" and tag["type"] == "structural_tag"
+        fmt = tag["format"]
+        assert fmt["type"] == "tags_with_separator" and fmt["at_least_one"] is True
+        assert [t["begin"] for t in fmt["tags"]] == [
+            '<tool_call>\n{"name": "get_weather", "arguments": ',
+            '<tool_call>\n{"name": "get_time", "arguments": ',
+        ]
+        assert fmt["tags"][0]["content"] == {"type": "json_schema", "json_schema": SCHEMA}
+        assert fmt["tags"][0]["end"] == "}\n</tool_call>"
+        # The constrained text is exactly what the parser reads back.
+        (call,) = out["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
+        assert out["choices"][0]["finish_reason"] == "tool_calls"
+    finally:
+        await h.close()
+
+
+async def test_named_tool_choice_allows_only_that_function():
+    h = await _tool_proxy("llama3")
+    h.engine.sequence = [*h.tok.encode('{"name": "get_time", "parameters": {}}'), EOS]
+    try:
+        choice = {"type": "function", "function": {"name": "get_time"}}
+        body = {
+            "messages": MSG,
+            "tools": TOOLS,
+            "tool_choice": choice,
+            "parallel_tool_calls": False,
+        }
+        await h.chat(body)
+        fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
+        assert [t["begin"] for t in fmt["tags"]] == ['{"name": "get_time", "parameters": ']
+        assert fmt["stop_after_first"] is True
+        await _reject(
+            h.stub.ChatCompletion,
+            {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        )
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize(
+    ("parser", "reasoning", "why"),
+    [
+        ("", "", "no tool-call parser"),
+        ("mistral", "", "cannot be enforced"),
+        ("hermes", "qwen3", "reasoning"),
+    ],
+)
+async def test_unenforceable_tool_choice_is_a_400_naming_it(parser, reasoning, why):
+    h = await _tool_proxy(parser, reasoning)
+    try:
+        msg = await _reject(
+            h.stub.ChatCompletion,
+            {"messages": MSG, "tools": TOOLS, "tool_choice": "required"},
+            "tool_choice",
+            "unsupported_parameter",
+        )
+        assert why in msg
+        assert h.engine.requests == []
+    finally:
+        await h.close()
+
+
+async def test_forced_tools_and_a_response_format_cannot_both_hold_the_output():
+    h = await _tool_proxy()
+    try:
+        body = {
+            "messages": MSG,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        }
+        await _reject(h.stub.ChatCompletion, body, "tool_choice")
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parallel_tool_calls_false_returns_the_first_call_only(stream):
+    h = await _tool_proxy()
+    text = (
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
+    h.engine.sequence = [*h.tok.encode(text), EOS]
+    try:
+        for parallel, want in ((True, 2), (False, 1)):
+            body = {"messages": MSG, "tools": TOOLS, "parallel_tool_calls": parallel}
+            if stream:
+                chunks = await h.chat_stream(body)
+                calls = {
+                    tc["index"]
+                    for c in chunks
+                    for tc in c["choices"][0]["delta"].get("tool_calls") or []
+                }
+                assert len(calls) == want
+            else:
+                out = await h.chat(body)
+                assert len(out["choices"][0]["message"]["tool_calls"]) == want
+    finally:
+        await h.close()
