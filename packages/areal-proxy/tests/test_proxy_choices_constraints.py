@@ -14,7 +14,7 @@ from test_proxy_sessions import _export, _group
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.engine.base import JSON_MAX_WHITESPACE, GenerationRequest
 from areal_proxy.engine.sglang import _payload as sglang_payload
 from areal_proxy.engine.vllm import _payload as vllm_payload
 
@@ -177,16 +177,29 @@ async def test_two_constraints_are_refused(proxy):
 
 
 def test_engine_payloads_carry_the_constraint():
-    req = GenerationRequest(input_ids=[1], max_new_tokens=4, constraint=("json_schema", '{"a": 1}'))
-    assert orjson.loads(sglang_payload(req, False))["sampling_params"]["json_schema"] == '{"a": 1}'
-    assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {"json": '{"a": 1}'}
+    req = GenerationRequest(input_ids=[1], max_new_tokens=4, constraint=("regex", "a+"))
+    assert orjson.loads(sglang_payload(req, False))["sampling_params"]["regex"] == "a+"
+    assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {"regex": "a+"}
     req.constraint = ("ebnf", "root ::= x")
     assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {
         "grammar": "root ::= x"
     }
+    # A JSON schema goes as a structural tag that bounds whitespace runs, to both engines.
+    req.constraint = ("json_schema", '{"type": "object"}')
+    tag = orjson.loads(sglang_payload(req, False))["sampling_params"]["structural_tag"]
+    assert orjson.loads(vllm_payload(req, "m", False))["structured_outputs"] == {
+        "structural_tag": tag
+    }
+    fmt = orjson.loads(tag)["format"]
+    assert fmt == {
+        "type": "json_schema",
+        "json_schema": {"type": "object"},
+        "max_whitespace_cnt": JSON_MAX_WHITESPACE,
+    }
     req.constraint = None
     assert "structured_outputs" not in orjson.loads(vllm_payload(req, "m", False))
-    assert "json_schema" not in orjson.loads(sglang_payload(req, False))["sampling_params"]
+    params = orjson.loads(sglang_payload(req, False))["sampling_params"]
+    assert not {"json_schema", "structural_tag", "regex"} & set(params)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -240,7 +253,7 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
             '<tool_call>\n{"name": "get_weather", "arguments": ',
             '<tool_call>\n{"name": "get_time", "arguments": ',
         ]
-        assert fmt["tags"][0]["content"] == {"type": "json_schema", "json_schema": SCHEMA}
+        assert fmt["tags"][0]["content"]["json_schema"] == SCHEMA
         assert fmt["tags"][0]["end"] == "}\n</tool_call>"
         # The constrained text is exactly what the parser reads back.
         (call,) = out["choices"][0]["message"]["tool_calls"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from areal_proxy.engine.base import JSON_MAX_WHITESPACE
 from areal_proxy.openai_request import Constraint, bad
 
 
@@ -25,7 +26,11 @@ def _call_tag(prefix: str, name: str, args_key: str, schema: dict[str, Any], end
     return {
         "type": "tag",
         "begin": f'{prefix}{{"name": {json.dumps(name)}, "{args_key}": ',
-        "content": {"type": "json_schema", "json_schema": schema or {"type": "object"}},
+        "content": {
+            "type": "json_schema",
+            "json_schema": schema or {"type": "object"},
+            "max_whitespace_cnt": JSON_MAX_WHITESPACE,
+        },
         "end": f"}}{end}",
     }
 

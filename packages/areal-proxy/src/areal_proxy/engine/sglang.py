@@ -23,6 +23,7 @@ from areal_proxy.engine.base import (
     GenerationChunk,
     GenerationRequest,
     GenerationResult,
+    engine_constraint,
 )
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -47,8 +48,8 @@ def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
         params["stop_token_ids"] = req.stop_token_ids
     if req.seed is not None:
         params["sampling_seed"] = req.seed
-    if req.constraint is not None:
-        kind, value = req.constraint
+    if (constraint := engine_constraint(req.constraint)) is not None:
+        kind, value = constraint
         params[kind] = value
     params.update(req.extra)
     return params

@@ -44,6 +44,7 @@ from areal_proxy.engine.base import (
     GenerationChunk,
     GenerationRequest,
     GenerationResult,
+    engine_constraint,
 )
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -93,8 +94,8 @@ def _payload(req: GenerationRequest, model: str, stream: bool) -> bytes:
         body["request_id"] = req.rid
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if req.constraint is not None:
-        kind, value = req.constraint
+    if (constraint := engine_constraint(req.constraint)) is not None:
+        kind, value = constraint
         body["structured_outputs"] = {_STRUCTURED[kind]: value}
     body.update(req.extra)
     return orjson.dumps(body)
