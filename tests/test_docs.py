@@ -187,3 +187,23 @@ def test_no_tracked_file_cites_a_path_outside_the_repository() -> None:
                 if not ((here / name).exists() or (ROOT / name).exists()):
                     problems.append(f"{rel}:{n}: cites {name}, which is not in the repository")
     assert not problems, "\n".join(problems)
+
+
+def _table_params(section: str) -> set[str]:
+    """The backticked names in the first column of the tables under `## {section}`."""
+    text = (ROOT / "docs/openai-api.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in body.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([a-z_]+)`", line.split(" | ")[0]))
+    return names
+
+
+def test_openai_api_doc_lists_exactly_what_the_proxy_honours():
+    from areal_proxy import openai_request as oa
+
+    assert _table_params("Chat completions") == oa.CHAT_FIELDS
+    assert _table_params("Completions") == oa.COMPLETION_FIELDS
+    accepted = _table_params("Accepted, changing nothing")
+    assert accepted == oa.INFORMATIONAL | set(oa._ONLY_DEFAULT)

@@ -88,7 +88,6 @@ _ONLY_DEFAULT: dict[str, tuple[Any, ...]] = {
     "store": (None, False),  # a stored completion could be listed later: areal keeps none
     "service_tier": (None, "auto", "default"),
     "modalities": (None, ["text"]),
-    "suffix": (None, ""),
     "reasoning_effort": (None,),
     "audio": (None,),
     "prediction": (None,),
@@ -528,6 +527,8 @@ def _prompts(d: dict[str, Any], vocab_size: int) -> list[str | list[int]]:
 def parse_completion(body: bytes, *, vocab_size: int = 0) -> CompletionRequest:
     d = load_body(body)
     _check_fields(d, COMPLETION_FIELDS, "/v1/completions")
+    if d.get("suffix") not in (None, ""):
+        raise unsupported("suffix", "is not supported (no fill-in-the-middle)")
     prompts = _prompts(d, vocab_size)
     first = prompts[0]
     text, ids = (first, None) if isinstance(first, str) else (None, first)
