@@ -110,3 +110,24 @@ def test_principal() -> None:
         with pytest.raises(ServiceError) as e:
             principal(gw, _Req(bad))  # type: ignore[arg-type]
         assert e.value.http_status == 401
+
+
+def test_responses_shape_echoes_the_request_store_flag():
+    for store in (True, False):
+        shape = ResponsesShape("s1", "agent", {}, None, store)
+        shape.start()
+        assert orjson.loads(shape.whole())["store"] is store
+
+
+def test_chat_shape_maps_the_agents_tool_calls():
+    shape = ChatShape("s1", "agent")
+    raw = shape.start() + shape.event("delta", {"text": "Let me add. "})
+    raw += shape.event("tool_call", {"id": "c1", "name": "calc", "arguments": {"x": 1}})
+    raw += shape.event("tool_result", {"id": "c1", "output": {"v": 2}})
+    raw += shape.event("delta", {"text": "It is 2."}) + shape.finish()
+    chunks = [orjson.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+    streamed = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x":1}'}}
+    assert streamed == [{"index": 0, **call}]
+    msg = orjson.loads(shape.whole())["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": "Let me add. It is 2.", "tool_calls": [call]}

@@ -153,7 +153,7 @@ def test_agent_mode_env_settings_port_in_use_and_sigint(stack: Stack, tmp_path: 
         # agent mode: every endpoint but health and metrics needs a key
         r = httpx.post(url + "/v1/chat/completions", json={})
         assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
-        assert httpx.get(url + "/v1/models").status_code == 404
+        assert httpx.get(url + "/v1/models").status_code == 401  # listed, with a key
         # the port is taken: a second gateway says so and exits 1
         r2 = run(["--router-addr", stack.router_addr, "--port", str(info["port"])], env=env())
         assert r2.returncode == 1 and "cannot listen" in r2.stderr

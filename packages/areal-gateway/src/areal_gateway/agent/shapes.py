@@ -57,13 +57,18 @@ class ResponsesShape:
         model: str,
         metadata: dict[str, Any],
         previous_response_id: str | None,
+        store: bool = True,
     ) -> None:
         self.id = response_id(session_id)
         self.model = model
         self.metadata = metadata
         self.previous_response_id = previous_response_id
         self.builder = ResponseBuilder(
-            self.id, model, metadata=metadata, previous_response_id=previous_response_id
+            self.id,
+            model,
+            metadata=metadata,
+            previous_response_id=previous_response_id,
+            echo={"store": store},
         )
 
     @property
@@ -109,6 +114,9 @@ class ChatShape:
         self.model = model
         self.created = int(time.time())
         self._parts: list[str] = []
+        # The agent's own tool calls (it ran them): the message's `tool_calls`, so a chat
+        # client sees what the agent did. The turn is over, so the finish stays "stop".
+        self._calls: list[dict[str, Any]] = []
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return frame(
@@ -129,6 +137,19 @@ class ChatShape:
         return self._chunk({"role": "assistant", "content": ""})
 
     def event(self, typ: str, data: dict[str, Any]) -> bytes:
+        if typ == "tool_call":
+            if not isinstance(data.get("name"), str) or not data["name"]:
+                return b""  # not a call a client could read
+            call = {
+                "id": str(data.get("id") or f"call_{os.urandom(8).hex()}"),
+                "type": "function",
+                "function": {
+                    "name": str(data.get("name", "")),
+                    "arguments": _json_text(data.get("arguments", {})),
+                },
+            }
+            self._calls.append(call)
+            return self._chunk({"tool_calls": [{"index": len(self._calls) - 1, **call}]})
         if typ != "delta":
             return b""
         text = str(data.get("text", ""))
@@ -141,6 +162,12 @@ class ChatShape:
     def fail(self, err: ServiceError) -> bytes:
         return frame(error_body(err)) + DONE
 
+    def _message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self._parts)}
+        if self._calls:
+            msg["tool_calls"] = self._calls
+        return msg
+
     def whole(self) -> bytes:
         return orjson.dumps(
             {
@@ -151,7 +178,7 @@ class ChatShape:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(self._parts)},
+                        "message": self._message(),
                         "logprobs": None,
                         "finish_reason": "stop",
                     }

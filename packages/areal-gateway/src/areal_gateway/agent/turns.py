@@ -315,7 +315,7 @@ async def responses(request: Request) -> Response:
         )
     store = store_flag(doc)
     sid, made = await _session_for(gw, p, metadata, previous)
-    shape = ResponsesShape(sid, _model(doc), {**metadata, "session_id": sid}, previous)
+    shape = ResponsesShape(sid, _model(doc), {**metadata, "session_id": sid}, previous, store)
     # A session made for this turn: `store: false` (nothing to chain on) ends it after the
     # turn; otherwise it stays for `previous_response_id`, idle for IMPLICIT_SESSION_TTL_S.
     return TurnResponse(
