@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from client_fakes import (
     ADMIN,
     BASE,
+    EXPORT_ID,
     FakeGateway,
     ack_answer,
     bearer,
@@ -123,6 +124,24 @@ async def test_async_iter_export_streams_rows_then_raises_on_an_error_line() -> 
     assert got == [row(0), row(1)]
     assert info.value.rows_read == 2 and info.value.code == "store"
     assert gw.last.headers["Accept"] == "application/x-ndjson" and bearer(gw.last) == ADMIN
+
+
+async def test_async_export_with_removal_unacknowledged() -> None:
+    gw = FakeGateway()
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0)))
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0"]))
+    own = Session("sess-0", "areal-sk-sess-0.s0", "t", BASE)
+    async with AsyncArealClient(BASE, ADMIN, transport=gw.transport()) as ac:
+        result = await ac.export(session=own, remove_session=True, acknowledge=False)
+        assert [q.url.path for q in gw.requests] == ["/rl/export_trajectories"]
+        assert result.export_id == EXPORT_ID and [r.session_id for r in result] == ["sess-0"]
+        ack = await ac.export(session=own, remove_session=True)  # the default acknowledges
+        assert ack.export_id == EXPORT_ID
+        assert [q.url.path for q in gw.requests][-1] == "/rl/ack_export"
+        n = len(gw.requests)
+        out = await ac.ack_export(result.export_id, session=own)
+        assert out.removed == ["sess-0"] and len(gw.requests) == n + 1
+        assert bearer(gw.last) == "areal-sk-sess-0.s0"
 
 
 async def test_async_errors_are_the_same_types() -> None:

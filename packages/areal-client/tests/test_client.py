@@ -305,6 +305,30 @@ def test_a_failed_ack_keeps_the_rows_for_the_caller(areal, gw) -> None:
     assert (ack.removed, ack.kept) == (["sess-0"], ["sess-9"])
 
 
+def test_export_with_removal_unacknowledged_leaves_the_ack_to_the_caller(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0), row(1)))
+    gw.on("POST", "/rl/ack_export", ack_answer(["sess-0", "sess-1"]))
+    result = areal.export(group_id="group-1", remove_session=True, acknowledge=False)
+    # Only the export went out: nothing is removed until the caller acknowledges.
+    assert [q.url.path for q in gw.requests] == ["/rl/export_trajectories"]
+    assert gw.last_body()["remove_session"] is True
+    assert result.export_id == EXPORT_ID and result.count == 2
+    ack = areal.ack_export(result.export_id, session=None)
+    assert ack.removed == ["sess-0", "sess-1"]
+    assert [q.url.path for q in gw.requests] == ["/rl/export_trajectories", "/rl/ack_export"]
+    assert json.loads(gw.last.content) == {"export_id": EXPORT_ID}
+    # Without removal there is nothing to acknowledge either way; a non-boolean is refused.
+    gw.on("POST", "/rl/export_trajectories", {"count": 0, "rows": []})
+    assert areal.export(group_id="group-1", acknowledge=False).export_id is None
+    with pytest.raises(ValueError, match="acknowledge"):
+        areal.export(group_id="group-1", remove_session=True, acknowledge="no")
+    # An answer without the id to acknowledge is refused as with acknowledge=True.
+    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)]})
+    with pytest.raises(InvalidResponseError, match="no export_id"):
+        areal.export(group_id="group-1", remove_session=True, acknowledge=False)
+    assert [q.url.path for q in gw.requests].count("/rl/ack_export") == 1
+
+
 def test_an_export_with_removal_but_no_export_id_is_an_invalid_response(areal, gw) -> None:
     gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)]})
     with pytest.raises(InvalidResponseError, match="no export_id"):

@@ -136,8 +136,16 @@ class AsyncArealClient:
         style: str = "individual",
         discount: float = 1.0,
         remove_session: bool = False,
+        acknowledge: bool = True,
     ) -> ExportResult:
-        """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key)."""
+        """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key).
+
+        With `remove_session` the sessions are removed once this call has every row: it
+        acknowledges the export itself. `acknowledge=False` leaves that to the caller, who
+        passes the rows on first: the result's `export_id` goes to `ack_export` once they are
+        safe (until then nothing is removed, and another export returns the same rows)."""
+        if not isinstance(acknowledge, bool):
+            raise ValueError(f"acknowledge must be a boolean, got {acknowledge!r}")
         call = self._api.export(
             group_id=group_id,
             session_ids=session_ids,
@@ -148,8 +156,10 @@ class AsyncArealClient:
         )
         result = await self._run(call)
         if remove_session:
-            # The whole answer is read and parsed: only now may the sessions go.
-            await self._ack(self._exported_id(result.export_id), call.key, result)
+            export_id = self._exported_id(result.export_id)
+            if acknowledge:
+                # The whole answer is read and parsed: only now may the sessions go.
+                await self._ack(export_id, call.key, result)
         return result
 
     async def ack_export(self, export_id: str, *, session: Session | None = None) -> ExportAck:
