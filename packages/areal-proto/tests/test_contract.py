@@ -44,6 +44,7 @@ AGENT_PROXY = {
     "GetAgentHistory",
     "SetAgentReward",
     "ExportAgentTrajectories",
+    "AckAgentExport",
 }
 PROXY_STATUS = {"GetStats"}
 
@@ -94,6 +95,10 @@ def test_proxy_streaming_shapes():
     assert (
         agent.methods_by_name["ExportAgentTrajectories"].output_type
         is inference.methods_by_name["ExportTrajectories"].output_type
+    )
+    assert (
+        agent.methods_by_name["AckAgentExport"].output_type
+        is inference.methods_by_name["AckExport"].output_type
     )
 
 

@@ -277,17 +277,25 @@ class ExportChunk(_message.Message):
 
     JSONL_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    EXPORT_ID_FIELD_NUMBER: _builtins.int
     jsonl: _builtins.bytes
     rows: _builtins.int
+    export_id: _builtins.str
+    """Agent mode only (ExportAgentTrajectories with remove_session): the
+    inference service's export_id for this chunk's rows, one chunk per agent
+    session; AckAgentExport with it removes them. Empty in inference mode,
+    where the gateway minted the id.
+    """
     def __init__(
         self,
         *,
         jsonl: _builtins.bytes = ...,
         rows: _builtins.int = ...,
+        export_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jsonl", b"jsonl", "rows", b"rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["export_id", b"export_id", "jsonl", b"jsonl", "rows", b"rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -349,6 +357,36 @@ class AckExportResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AckExportResponse: _TypeAlias = AckExportResponse  # noqa: Y015
+
+@_typing.final
+class AckAgentExportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    EXPORT_ID_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The agent session whose export this acknowledges."""
+    export_id: _builtins.str
+    """ExportChunk.export_id of its ExportAgentTrajectories with remove_session."""
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: the admin key, or the session's own key."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        export_id: _builtins.str = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "export_id", b"export_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckAgentExportRequest: _TypeAlias = AckAgentExportRequest  # noqa: Y015
 
 @_typing.final
 class PauseRequest(_message.Message):

@@ -724,6 +724,11 @@ class AgentProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
                 _registered_method=True)
+        self.AckAgentExport = channel.unary_unary(
+                '/areal.proxy.v1.AgentProxyService/AckAgentExport',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckAgentExportRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.FromString,
+                _registered_method=True)
 
 
 class AgentProxyServiceServicer:
@@ -768,7 +773,20 @@ class AgentProxyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExportAgentTrajectories(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """With remove_session nothing is removed yet: each session's chunk names the
+        inference service's export_id (ExportChunk.export_id), and AckAgentExport,
+        sent once the final client has the rows, removes them there. Until then a
+        repeated export returns the same rows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckAgentExport(self, request, context):
+        """Forwards the ack of an agent export to the inference service, with the
+        session's RL key (so it removes only that session's records). The answer
+        names agent session ids. Idempotent, as AckExport.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -805,6 +823,11 @@ def add_AgentProxyServiceServicer_to_server(servicer, server):
                     servicer.ExportAgentTrajectories,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.SerializeToString,
+            ),
+            'AckAgentExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckAgentExport,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckAgentExportRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -970,6 +993,33 @@ class AgentProxyService:
             '/areal.proxy.v1.AgentProxyService/ExportAgentTrajectories',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckAgentExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.AgentProxyService/AckAgentExport',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.AckAgentExportRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.AckExportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -281,6 +281,16 @@ class AgentProxyServiceStub:
     named apart because they act on different sessions in a different way.
     """
     ExportAgentTrajectories: _grpc.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]
+    """With remove_session nothing is removed yet: each session's chunk names the
+    inference service's export_id (ExportChunk.export_id), and AckAgentExport,
+    sent once the final client has the rows, removes them there. Until then a
+    repeated export returns the same rows.
+    """
+    AckAgentExport: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.AckAgentExportRequest, _proxy_pb2.AckExportResponse]
+    """Forwards the ack of an agent export to the inference service, with the
+    session's RL key (so it removes only that session's records). The answer
+    names agent session ids. Idempotent, as AckExport.
+    """
 
 @_typing.type_check_only
 class AgentProxyServiceAsyncStub(AgentProxyServiceStub):
@@ -301,6 +311,16 @@ class AgentProxyServiceAsyncStub(AgentProxyServiceStub):
     named apart because they act on different sessions in a different way.
     """
     ExportAgentTrajectories: _aio.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]  # type: ignore[assignment]
+    """With remove_session nothing is removed yet: each session's chunk names the
+    inference service's export_id (ExportChunk.export_id), and AckAgentExport,
+    sent once the final client has the rows, removes them there. Until then a
+    repeated export returns the same rows.
+    """
+    AckAgentExport: _aio.UnaryUnaryMultiCallable[_proxy_pb2.AckAgentExportRequest, _proxy_pb2.AckExportResponse]  # type: ignore[assignment]
+    """Forwards the ack of an agent export to the inference service, with the
+    session's RL key (so it removes only that session's records). The answer
+    names agent session ids. Idempotent, as AckExport.
+    """
 
 class AgentProxyServiceServicer(metaclass=_abc_1.ABCMeta):
     """Agent mode: sessions and ordered turns in front of one agent worker."""
@@ -353,7 +373,23 @@ class AgentProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _proxy_pb2.ExportTrajectoriesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.ExportChunk], _abc.AsyncIterator[_proxy_pb2.ExportChunk]]: ...
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.ExportChunk], _abc.AsyncIterator[_proxy_pb2.ExportChunk]]:
+        """With remove_session nothing is removed yet: each session's chunk names the
+        inference service's export_id (ExportChunk.export_id), and AckAgentExport,
+        sent once the final client has the rows, removes them there. Until then a
+        repeated export returns the same rows.
+        """
+
+    @_abc_1.abstractmethod
+    def AckAgentExport(
+        self,
+        request: _proxy_pb2.AckAgentExportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.AckExportResponse, _abc.Awaitable[_proxy_pb2.AckExportResponse]]:
+        """Forwards the ack of an agent export to the inference service, with the
+        session's RL key (so it removes only that session's records). The answer
+        names agent session ids. Idempotent, as AckExport.
+        """
 
 def add_AgentProxyServiceServicer_to_server(servicer: AgentProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
