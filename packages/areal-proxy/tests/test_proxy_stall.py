@@ -210,3 +210,34 @@ def test_a_prompt_over_the_limit_is_counted_not_listed():
             tok.encode(text, limit=n)
         assert (info.value.tokens, info.value.exact) == (n, True)
         assert len(tok.encode(text, limit=n + 1)) == n
+
+
+def test_a_huge_prompt_over_the_limit_is_refused_after_the_pieces_that_prove_it():
+    tok = ModelTokenizer.from_dir(PARROT)
+    text = " ".join(f"w{i % 977}x{i % 13}" for i in range(200_000))  # ~1.6 MB, many pieces
+    n = len(tok.encode(text))
+    batches: list[int] = []
+    real = tok.tokenizer.encode_batch_fast
+
+    def counting(pieces, **kw):
+        batches.append(sum(len(p) for p in pieces))
+        return real(pieces, **kw)
+
+    tok.tokenizer = _Spy(tok.tokenizer, counting)
+    with pytest.raises(PromptTooLong) as info:
+        tok.encode(text, limit=n // 8)
+    assert not info.value.exact and n // 8 <= info.value.tokens < n
+    assert sum(batches) < len(text) // 2  # stopped early, and never encoded it whole
+    # Near the limit the pieces prove nothing: the exact count decides, both ways.
+    with pytest.raises(PromptTooLong) as info:
+        tok.encode(text, limit=n)
+    assert (info.value.tokens, info.value.exact) == (n, True)
+    assert tok.encode(text, limit=n + 1) == real([text], add_special_tokens=False)[0].ids
+
+
+class _Spy:
+    def __init__(self, inner, batch):
+        self._inner, self.encode_batch_fast = inner, batch
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
