@@ -227,7 +227,7 @@ class ModelTokenizer:
         batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         counted, cuts, start = 0, 0, 0
         while start < len(text):
-            pieces = []
+            pieces: list[str] = []
             while start < len(text) and len(pieces) < _PIECES_PER_BATCH:
                 end = min(start + _PIECE_CHARS, len(text))
                 if end < len(text):
