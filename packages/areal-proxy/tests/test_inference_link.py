@@ -10,10 +10,15 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 from aiohttp import web
 
+from areal_proto.common.v1 import envelope_pb2
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proxy.agent.inference_link import InferenceLink
+from areal_proxy.agent.server import AgentProxyServer
+from areal_proxy.settings import Settings
 from areal_runtime.errors import (
     InvalidRequest,
     ServiceError,
@@ -114,8 +119,12 @@ async def test_session_reward_export_end_use_the_right_keys(served) -> None:
     assert await link.start_session("agent-1") == ("sess-abc", KEY)
     out = await link.set_reward(KEY, 0.5, "chatcmpl-1")
     assert out == {"session_id": "sess-abc", "interaction_id": "chatcmpl-1", "reward": 0.5}
-    rows = await link.export("sess-abc", "concat", 0.9, True)
+    rows, export_id = await link.export("sess-abc", "concat", 0.9, True)
     assert rows == [ROW]  # as the gateway sent it, unknown fields too
+    # Not acknowledged: the rows have yet to reach the agent gateway's client.
+    assert export_id == "exp-1.x" and fake.seen[-1][0] == "/rl/export_trajectories"
+    ack = await link.ack_export(KEY, export_id)
+    assert (ack.removed, ack.kept) == (["sess-abc"], [])
     await link.end_session(KEY)
     assert fake.seen == [
         ("/rl/start_session", ADMIN, {"task_id": "agent-1", "group_size": 1, "model": "tiny"}),
@@ -130,8 +139,8 @@ async def test_session_reward_export_end_use_the_right_keys(served) -> None:
                 "remove_session": True,
             },
         ),
-        # The client acknowledges the export once it has the rows: only then are they removed.
-        ("/rl/ack_export", ADMIN, {"export_id": "exp-1.x"}),
+        # Acknowledged only when asked, with the RL session's key: it removes only that session.
+        ("/rl/ack_export", KEY, {"export_id": "exp-1.x"}),
         ("/rl/end_session", KEY, {}),
     ]
 
@@ -187,3 +196,83 @@ async def test_an_unreachable_inference_service_is_503() -> None:
         await link.close()
     assert (info.value.http_status, info.value.code) == (503, "inference_unavailable")
     assert f"127.0.0.1:{port} unreachable" in info.value.message
+
+
+async def test_an_export_without_removal_has_no_export_id_and_a_failed_ack_is_an_error(
+    served,
+) -> None:
+    fake, link = served
+    assert await link.export("sess-abc", "individual", 1.0, False) == ([ROW], "")
+    assert [p for p, _, _ in fake.seen] == ["/rl/export_trajectories"]
+    fake.fail = (503, {"error": {"message": "proxy down", "type": "api_error", "code": "down"}})
+    with pytest.raises(UpstreamError) as info:
+        await link.ack_export(KEY, "exp-1.x")
+    assert (info.value.http_status, info.value.code) == (502, "down")
+
+
+async def test_the_agent_proxy_passes_the_export_id_on_and_acks_only_when_asked(served) -> None:
+    """Through the agent proxy's RPCs: ExportAgentTrajectories with removal answers the
+    inference export's id and acknowledges nothing; AckAgentExport does, for its session."""
+    fake, link = served
+    with socket.socket() as sock:  # no worker: the RPCs used here do not need one
+        sock.bind(("127.0.0.1", 0))
+        worker_port = sock.getsockname()[1]
+    settings = Settings(
+        mode="agent",
+        worker_addr=f"127.0.0.1:{worker_port}",
+        metrics_port=-1,
+        drain_timeout=0.5,
+        inf_gateway_url=link.gateway_url,
+        inf_admin_api_key=ADMIN,
+        inf_model="tiny",
+    )
+    server = AgentProxyServer(settings)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        agent = proxy_pb2_grpc.AgentProxyServiceStub(channel)
+        await agent.CreateAgentSession(
+            proxy_pb2.CreateAgentSessionRequest(
+                session_id="a1", session_api_key="agent-key", metadata=b"{}"
+            )
+        )
+        own = envelope_pb2.Envelope(api_key="agent-key", session_id="a1")
+        export = proxy_pb2.ExportTrajectoriesRequest(
+            session_ids=["a1"], discount=1.0, remove_session=True, envelope=own
+        )
+        for _ in range(2):  # unacknowledged: the same rows again, nothing removed
+            chunks = [c async for c in agent.ExportAgentTrajectories(export)]
+            assert [(c.rows, c.export_id) for c in chunks] == [(1, "exp-1.x")]
+            row = json.loads(chunks[0].jsonl)
+            assert row["agent_session_id"] == "a1" and row["session_id"] == "sess-abc"
+        assert "/rl/ack_export" not in [p for p, _, _ in fake.seen]
+        # Another key may not acknowledge this session's export; no export_id is a 400.
+        other = envelope_pb2.Envelope(api_key="other-key", session_id="a1")
+        for req, code in (
+            (
+                proxy_pb2.AckAgentExportRequest(
+                    session_id="a1", export_id="exp-1.x", envelope=other
+                ),
+                grpc.StatusCode.PERMISSION_DENIED,
+            ),
+            (
+                proxy_pb2.AckAgentExportRequest(session_id="a1", envelope=own),
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ),
+            (
+                proxy_pb2.AckAgentExportRequest(session_id="zz", export_id="e", envelope=own),
+                grpc.StatusCode.NOT_FOUND,
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await agent.AckAgentExport(req)
+            assert ei.value.code() == code, ei.value.details()
+        assert "/rl/ack_export" not in [p for p, _, _ in fake.seen]
+        ack = await agent.AckAgentExport(
+            proxy_pb2.AckAgentExportRequest(session_id="a1", export_id="exp-1.x", envelope=own)
+        )
+        assert list(ack.removed_session_ids) == ["a1"] and not ack.kept_session_ids
+        assert fake.seen[-1] == ("/rl/ack_export", KEY, {"export_id": "exp-1.x"})
+    finally:
+        await channel.close()
+        await server.shutdown()

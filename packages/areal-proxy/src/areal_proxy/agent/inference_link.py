@@ -2,7 +2,9 @@
 
 Every agent session gets an RL session there; the agent's LLM calls use that
 session's key, so they are recorded; rewards and exports go through here, over
-`areal_client.AsyncArealClient` (the one client of the RL API).
+`areal_client.AsyncArealClient` (the one client of the RL API). An export with removal is
+not acknowledged here: the agent gateway's client acknowledges it (`ack_export`) once it has
+the rows, so that no row is lost between here and there.
 
 The agent servicer speaks `ServiceError`, so the client's errors are turned into
 one here: a refused argument -> 400; unreachable or timed out -> 503 `inference_unavailable`; an error the
@@ -11,13 +13,14 @@ inference gateway answered keeps its code, a 5xx of its own becomes 502.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from areal_client import (
     APIConnectionError,
     APIStatusError,
     ArealClientError,
     AsyncArealClient,
+    ExportAck,
     Session,
 )
 from areal_runtime.errors import (
@@ -31,6 +34,12 @@ from areal_runtime.session_keys import session_of
 
 # One call is a start/reward/export on an idle inference gateway: a minute is an outage.
 LINK_TIMEOUT_S = 60.0
+
+
+class Exported(NamedTuple):
+    rows: list[dict[str, Any]]
+    # With removal: the inference gateway's id to acknowledge (`ack_export`); else "".
+    export_id: str
 
 
 class InferenceLink:
@@ -87,16 +96,31 @@ class InferenceLink:
             "reward": out.reward,
         }
 
-    async def export(
-        self, session_id: str, style: str, discount: float, remove: bool
-    ) -> list[dict[str, Any]]:
+    async def export(self, session_id: str, style: str, discount: float, remove: bool) -> Exported:
+        """The RL session's rows. With `remove` nothing is removed here: the rows still have
+        to reach the agent gateway's client, so the export is not acknowledged; its
+        `export_id` goes back with the rows, and `ack_export` removes them once that client
+        has them (until then another export returns the same rows)."""
         try:
             result = await self._client.export(
-                session_ids=[session_id], style=style, discount=discount, remove_session=remove
+                session_ids=[session_id],
+                style=style,
+                discount=discount,
+                remove_session=remove,
+                acknowledge=False,
             )
         except (ArealClientError, ValueError) as e:
             raise self._error(e) from e
-        return [row.to_dict() for row in result.rows]
+        return Exported([row.to_dict() for row in result.rows], result.export_id or "")
+
+    async def ack_export(self, session_key: str, export_id: str) -> ExportAck:
+        """Acknowledge an export with removal of the RL session `session_key` holds, with that
+        key: the inference gateway removes only that session (a session key may acknowledge
+        only its own session's export). Idempotent there."""
+        try:
+            return await self._client.ack_export(export_id, session=self._session(session_key))
+        except (ArealClientError, ValueError) as e:
+            raise self._error(e) from e
 
     async def end_session(self, session_key: str) -> None:
         try:

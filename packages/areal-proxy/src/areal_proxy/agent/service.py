@@ -18,7 +18,14 @@ from areal_proxy.agent.inference_link import InferenceLink
 from areal_proxy.agent.sessions import AgentSession, AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
 from areal_proxy.metrics import AgentProxyMetrics
-from areal_runtime.errors import Conflict, Draining, ServiceError, SessionNotFound, abort
+from areal_runtime.errors import (
+    Conflict,
+    Draining,
+    InvalidRequest,
+    ServiceError,
+    SessionNotFound,
+    abort,
+)
 from areal_runtime.session_keys import new_id
 
 log = logging.getLogger("areal_proxy.agent")
@@ -241,7 +248,10 @@ class AgentModeServicer(
                 s, link = self._linked(sid, request.envelope)
                 # proto3 cannot tell 0.0 from unset: the gateway always sends the discount
                 # (as for the inference proxy's ExportTrajectories), so 0.0 means 0.0.
-                rows = await link.export(
+                # With removal nothing is removed yet: the chunk names the inference export's
+                # id, and the gateway's client acknowledges it (AckAgentExport) once it has
+                # the rows; acknowledging here lost them whenever they did not get there.
+                rows, export_id = await link.export(
                     s.rl_session_id,
                     request.style or "individual",
                     request.discount,
@@ -253,8 +263,27 @@ class AgentModeServicer(
             for row in rows:
                 row["agent_session_id"] = sid
             yield proxy_pb2.ExportChunk(
-                jsonl=b"".join(orjson.dumps(r) + b"\n" for r in rows), rows=len(rows)
+                jsonl=b"".join(orjson.dumps(r) + b"\n" for r in rows),
+                rows=len(rows),
+                export_id=export_id,
             )
+
+    async def AckAgentExport(
+        self, request: proxy_pb2.AckAgentExportRequest, context: grpc.aio.ServicerContext
+    ) -> proxy_pb2.AckExportResponse:
+        try:
+            if not request.export_id:
+                raise InvalidRequest("export_id is required", param="export_id")
+            s, link = self._linked(request.session_id, request.envelope)
+            out = await link.ack_export(s.rl_key, request.export_id)
+        except ServiceError as e:
+            await abort(context, e)
+            raise AssertionError("unreachable") from e
+        # In agent session ids: the one RL session is this agent session's.
+        return proxy_pb2.AckExportResponse(
+            removed_session_ids=[s.session_id] if s.rl_session_id in out.removed else [],
+            kept_session_ids=[s.session_id] if s.rl_session_id in out.kept else [],
+        )
 
     # -- health and load ----------------------------------------------------
 
