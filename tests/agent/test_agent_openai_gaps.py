@@ -24,12 +24,20 @@ INF_ADMIN_KEY = "stand-in-inference-admin"
 
 
 class StandInInference:
-    """`/rl/*` of an inference gateway: one RL session per agent session, two rows each."""
+    """`/rl/*` of an inference gateway: one RL session per agent session, two rows each.
+
+    Removal is two-phase as there: an export with `remove_session` claims the session under a
+    new export_id and removes nothing; `/rl/ack_export` with it (a session key: only its own
+    session's) removes the rows, once."""
 
     def __init__(self) -> None:
         self.ended: list[str] = []
         self.exports: list[dict[str, Any]] = []
+        self.acks: list[tuple[str, str]] = []  # (export_id, bearer)
+        self.removed: set[str] = set()
+        claims: dict[str, str] = {}  # export_id -> the RL session it claimed
         ids = itertools.count(1)
+        export_ids = itertools.count(1)
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,17 +62,30 @@ class StandInInference:
                 elif self.path == "/rl/export_trajectories":
                     owner.exports.append(body)
                     sid = body["session_ids"][0]
-                    rows = [_row(sid, i) for i in range(2)]
+                    rows = [] if sid in owner.removed else [_row(sid, i) for i in range(2)]
                     out = {"count": len(rows), "rows": rows}
                     if body.get("remove_session"):
-                        out["export_id"] = f"x.{sid}"
+                        out["export_id"] = f"exp-{next(export_ids)}.{sid}"
+                        claims[out["export_id"]] = sid
                 elif self.path == "/rl/ack_export":
-                    out = {"export_id": body["export_id"], "removed": [], "kept": []}
+                    key = self.headers["Authorization"].removeprefix("Bearer ")
+                    owner.acks.append((body["export_id"], key))
+                    # As there, the id names the session it routes to; the claim goes once.
+                    sid = body["export_id"].partition(".")[2]
+                    if key != INF_ADMIN_KEY and key != f"areal-sk-{sid}.s":
+                        self._answer(403, _forbidden())
+                        return
+                    removed = [sid] if claims.pop(body["export_id"], None) else []
+                    owner.removed.update(removed)
+                    out = {"export_id": body["export_id"], "removed": removed, "kept": []}
                 else:
                     self.send_error(404)
                     return
+                self._answer(200, out)
+
+            def _answer(self, status: int, out: dict[str, Any]) -> None:
                 data = json.dumps(out).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -77,6 +98,11 @@ class StandInInference:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _forbidden() -> dict[str, Any]:
+    msg = "A session key may acknowledge only its own session's export."
+    return {"error": {"message": msg, "type": "permission_error", "code": "forbidden_session"}}
 
 
 def _row(session_id: str, i: int) -> dict[str, Any]:
@@ -216,6 +242,60 @@ def test_agent_export_has_the_rl_export_shape(linked: tuple[AgentStack, Any]) ->
         assert inf.exports[-1]["discount"] == 0.0 and inf.exports[-1]["style"] == "individual"
         r = c.post(f"/v1/sessions/{sid}/export", json={"discount": 1.5})
         assert r.status_code == 400, r.text
-        # With removal the link acknowledges the export itself: no export_id to pass on.
+        # With removal, as /rl/export_trajectories: the id that removes them once acknowledged.
         r = c.post(f"/v1/sessions/{sid}/export", json={"remove_session": True})
-        assert r.status_code == 200 and set(r.json()) == {"count", "rows"}
+        assert r.status_code == 200 and set(r.json()) == {"count", "rows", "export_id"}
+
+
+def test_agent_export_with_removal_removes_only_once_acknowledged(
+    linked: tuple[AgentStack, Any],
+) -> None:
+    st, inf = linked
+    s, other = _session(st), _session(st)
+    sid, rl_sid = s["session_id"], s["rl_session_id"]
+    n_acks = len(inf.acks)
+    with st.client(s["session_api_key"]) as c:
+        first = c.post(f"/v1/sessions/{sid}/export", json={"remove_session": True})
+        assert first.status_code == 200, first.text
+        body = first.json()
+        assert body["count"] == len(body["rows"]) == 2 and body["export_id"]
+        assert all(row["agent_session_id"] == sid for row in body["rows"])
+        # The agent proxy did not acknowledge on the client's behalf: nothing is removed, and
+        # a client that never acknowledges (it went away with the answer) loses nothing.
+        assert len(inf.acks) == n_acks and rl_sid not in inf.removed
+        again = c.post(f"/v1/sessions/{sid}/export", json={"remove_session": True})
+        assert again.status_code == 200, again.text
+        assert again.json()["rows"] == body["rows"]
+        export_id = again.json()["export_id"]
+        assert export_id != body["export_id"] and len(inf.acks) == n_acks
+        # Another session's key may not acknowledge it, nor this session another's export.
+        with st.client(other["session_api_key"]) as o:
+            r = o.post(f"/v1/sessions/{sid}/ack_export", json={"export_id": export_id})
+            assert r.status_code == 403, r.text
+            theirs = o.post(
+                f"/v1/sessions/{other['session_id']}/export", json={"remove_session": True}
+            )
+            assert theirs.status_code == 200 and theirs.json()["count"] == 2
+        their_id = theirs.json()["export_id"]
+        r = c.post(f"/v1/sessions/{sid}/ack_export", json={"export_id": their_id})
+        assert r.status_code == 403, r.text
+        assert other["rl_session_id"] not in inf.removed
+        r = c.post(f"/v1/sessions/{sid}/ack_export", json={})
+        assert r.status_code == 400, r.text
+        # The acknowledgement removes the rows, with the RL session's own key.
+        r = c.post(f"/v1/sessions/{sid}/ack_export", json={"export_id": export_id})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"export_id": export_id, "removed": [sid], "kept": []}
+        assert inf.acks[-1] == (export_id, f"areal-sk-{rl_sid}.s") and rl_sid in inf.removed
+        r = c.post(f"/v1/sessions/{sid}/export", json={"remove_session": True})
+        assert r.status_code == 200 and r.json()["count"] == 0, r.text
+        # Idempotent: again, nothing more is removed.
+        r = c.post(f"/v1/sessions/{sid}/ack_export", json={"export_id": export_id})
+        assert r.status_code == 200 and r.json()["removed"] == [], r.text
+    # The admin key acknowledges too.
+    with st.client() as admin:
+        r = admin.post(
+            f"/v1/sessions/{other['session_id']}/ack_export",
+            json={"export_id": their_id},
+        )
+        assert r.status_code == 200 and r.json()["removed"] == [other["session_id"]], r.text

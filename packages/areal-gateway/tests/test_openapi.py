@@ -47,6 +47,7 @@ AGENT_OPERATIONS = {
     ("GET", "/v1/sessions/{session_id}/history"),
     ("POST", "/v1/sessions/{session_id}/reward"),
     ("POST", "/v1/sessions/{session_id}/export"),
+    ("POST", "/v1/sessions/{session_id}/ack_export"),
     ("POST", "/admin/pairs"),
     ("GET", "/admin/pairs"),
     ("DELETE", "/admin/pairs/{proxy_id}"),

@@ -336,9 +336,14 @@ class AgentExportRequest(_Request):
 
 
 class AgentExportResult(_Response):
-    # As ExportResult (no export_id: the link removes what it exported itself).
+    # As ExportResult; the acknowledgement is POST /v1/sessions/{session_id}/ack_export.
     count: int
     rows: list[TrajectoryRow]
+    export_id: str | None = Field(
+        None,
+        description="with remove_session: POST /v1/sessions/{session_id}/ack_export with it "
+        "once every row is safely received; the session's RL records are removed only then",
+    )
 
 
 class AddPairRequest(_Request):

@@ -4,7 +4,8 @@
 | DELETE /v1/sessions/{id}            | admin or own | {session_id, closed}                             |
 | GET    /v1/sessions/{id}/history    | admin or own | {session_id, history: [...]}                     |
 | POST   /v1/sessions/{id}/reward     | admin or own | {session_id, interaction_id, reward} (linked)    |
-| POST   /v1/sessions/{id}/export     | admin or own | {count, rows: [...]} (linked)                    |
+| POST   /v1/sessions/{id}/export     | admin or own | {count, rows: [...], export_id?} (linked)        |
+| POST   /v1/sessions/{id}/ack_export | admin or own | {export_id, removed, kept} (linked)              |
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from areal_gateway.agent.common import (
 from areal_gateway.api import ERRORS, AdminKey, AnyKey, GatewayDep, GatewayRoute, json_response
 from areal_gateway.openai.errors import bad_request
 from areal_gateway.schemas import (
+    AckExportRequest,
+    AckExportResult,
     AgentExportRequest,
     AgentExportResult,
     AgentRewardRequest,
@@ -136,8 +139,10 @@ async def export(
     body: Annotated[AgentExportRequest, Body(default_factory=AgentExportRequest)],
 ) -> Response:
     """The session's trajectory rows (a linked agent service), in the shape of
-    `/rl/export_trajectories`: `{"count", "rows"}` (with `remove_session` the session's
-    RL records are removed once read, so there is no `export_id` to acknowledge)."""
+    `/rl/export_trajectories`: `{"count", "rows"}`. With `remove_session` nothing is removed
+    yet: the answer names an `export_id`, and `POST /v1/sessions/{id}/ack_export` with it,
+    once the client has every row, removes the session's RL records (until then another
+    export returns the same rows)."""
     style, discount, remove = body.style or "individual", body.discount, body.remove_session
     client = await proxy_of(gw, sid)
     timeout = gw.settings.request_timeout
@@ -151,8 +156,38 @@ async def export(
         ),
         timeout,
     )
-    rows = [line for chunk in chunks for line in chunk.splitlines() if line.strip()]
+    rows = [line for chunk in chunks for line in chunk.jsonl.splitlines() if line.strip()]
+    # One session, one chunk: its export_id is the inference export's.
+    export_id = next((c.export_id for c in chunks if c.export_id), "") if remove else ""
+    tail = b',"export_id":' + orjson.dumps(export_id) if export_id else b""
     return Response(
-        b'{"count":' + str(len(rows)).encode() + b',"rows":[' + b",".join(rows) + b"]}",
+        b'{"count":'
+        + str(len(rows)).encode()
+        + b',"rows":['
+        + b",".join(rows)
+        + b"]"
+        + tail
+        + b"}",
         media_type="application/json",
+    )
+
+
+@router.post("/v1/sessions/{session_id}/ack_export", response_model=AckExportResult)
+async def ack_export(sid: SessionId, body: AckExportRequest, gw: GatewayDep, p: AnyKey) -> Response:
+    """The client has every row of an export with `remove_session`: remove the session's RL
+    records (a linked agent service), as `/rl/ack_export` does. `removed` / `kept` name the
+    agent session: kept when it gained a turn or a reward after the export read it (export it
+    again). Idempotent: again, it removes nothing more."""
+    client = await proxy_of(gw, sid)
+    out = await client.ack_export(
+        proxy_pb2.AckAgentExportRequest(
+            session_id=sid, export_id=body.export_id, envelope=_envelope(p, sid, 60.0)
+        )
+    )
+    return json_response(
+        {
+            "export_id": body.export_id,
+            "removed": list(out.removed_session_ids),
+            "kept": list(out.kept_session_ids),
+        }
     )

@@ -1,4 +1,4 @@
-"""An agent proxy's RPCs (AgentProxyService: sessions, turns, rewards, export)."""
+"""An agent proxy's RPCs (AgentProxyService: sessions, turns, rewards, export and its ack)."""
 
 from __future__ import annotations
 
@@ -95,10 +95,16 @@ class AgentProxyClient:
 
     async def export(
         self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
-    ) -> list[bytes]:
-        """The exported rows as JSON-lines chunks."""
+    ) -> list[proxy_pb2.ExportChunk]:
+        """The exported rows as JSON-lines chunks (one per session), each with removal naming
+        the export_id that `ack_export` removes them with."""
         call = self._stub.ExportAgentTrajectories(request, timeout=timeout_s, metadata=self._md)
-        return [bytes(msg.jsonl) async for msg in read_messages(call, self.address)]
+        return [msg async for msg in read_messages(call, self.address)]
+
+    async def ack_export(
+        self, request: proxy_pb2.AckAgentExportRequest, timeout_s: float | None = 60.0
+    ) -> proxy_pb2.AckExportResponse:
+        return await self._unary(self._stub.AckAgentExport, request, timeout_s, self._md)
 
 
 class AgentProxyPool:
