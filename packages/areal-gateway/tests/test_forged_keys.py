@@ -164,6 +164,9 @@ INFERENCE_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/chat/completions", CHAT),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
     ("POST", "/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 1}),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "stream": True}),
+    ("POST", "/rl/ack_export", {"export_id": "exp-x"}),
     ("GET", "/v1/models", None),
     ("GET", "/models", None),
     ("GET", f"/v1/models/{MODEL}", None),
@@ -181,6 +184,8 @@ AGENT_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", f"/v1/sessions/{AGENT_SID}/history", None),
     ("POST", f"/v1/sessions/{AGENT_SID}/reward", {"reward": 1.0}),
     ("POST", f"/v1/sessions/{AGENT_SID}/export", {}),
+    ("POST", f"/v1/sessions/{AGENT_SID}/ack_export", {"export_id": "exp-x"}),
+    ("GET", "/v1/models", None),
     ("POST", "/v1/responses", {"model": "agent", "input": "hi"}),
     ("POST", "/v1/chat/completions", CHAT),
 ]
