@@ -174,3 +174,24 @@ def test_make_engine_client():
     assert type(vllm).__name__ == "VLLMClient" and vllm.base_url == "http://127.0.0.1:1"
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine_client("tgi", "http://127.0.0.1:1")
+
+
+def test_a_template_without_tool_calls_renders_a_tool_call_turn_with_empty_content():
+    # SmolLM2's shape: content concatenated as a string, no idea of tool_calls.
+    source = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+        "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n"
+        "{% endif %}"
+    )
+    t = ChatTemplate(source, bos_token=None, eos_token=None)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    out = t.render(msgs)
+    assert "<|im_start|>assistant\n<|im_end|>" in out and "<|im_start|>tool\n42" in out
+    assert msgs[1]["content"] is None  # the caller's messages (what is recorded) untouched
+    with pytest.raises(TemplateError):  # a failure with no null content is still an error
+        t.render([{"role": "user", "content": 5}])

@@ -78,7 +78,24 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from e
-        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+        except TypeError as e:
+            # A template written without tool calls in mind (SmolLM2's: `'...' +
+            # message['content'] + ...`) fails on an assistant message that carries only
+            # tool calls (content null, as every OpenAI client sends it): rendered with empty
+            # content instead, the conversation goes on. Templates that handle null content
+            # never get here; the messages recorded are the ones sent.
+            if not any(m.get("content") is None for m in messages):
+                raise TemplateError(f"chat template failed on this conversation: {e!r}") from e
+            ctx["messages"] = [
+                {**m, "content": ""} if m.get("content") is None else m for m in messages
+            ]
+            try:
+                return self._template.render(ctx)
+            except TemplateError:
+                raise
+            except (jinja2.TemplateError, TypeError, LookupError, AttributeError, ValueError) as e2:
+                raise TemplateError(f"chat template failed on this conversation: {e2!r}") from e2
+        except (KeyError, AttributeError, ValueError, IndexError) as e:
             raise TemplateError(f"chat template failed on this conversation: {e!r}") from e
 
 
