@@ -247,3 +247,29 @@ def test_langchain_with_structured_output(stack):
     for method in ("json_schema", "function_calling"):
         out = llm.with_structured_output(Weather, method=method).invoke("Weather in Europe?")
         assert isinstance(out, Weather), (method, out)
+
+
+def test_responses_parse_and_a_forced_tool_through_the_responses_api(client):
+    r = client.responses.parse(
+        model=MODEL, input="Weather report as JSON.", max_output_tokens=96, text_format=Weather
+    )
+    assert isinstance(r.output_parsed, Weather)
+    with client.responses.stream(
+        model=MODEL, input="Another report.", max_output_tokens=96, text_format=Weather
+    ) as s:
+        final = s.get_final_response()
+    assert isinstance(final.output_parsed, Weather)
+    tools = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            **{"parameters": t["function"]["parameters"]},
+        }
+        for t in TOOLS
+    ]
+    r = client.responses.create(
+        model=MODEL, input="Time?", max_output_tokens=96, tools=tools, tool_choice="required"
+    )
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and calls[0].name in ("get_weather", "get_time")
+    json.loads(calls[0].arguments)
