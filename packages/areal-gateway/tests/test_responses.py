@@ -725,6 +725,17 @@ def test_the_store_is_bounded_by_count_and_age() -> None:
     assert s.get("r1", "o") is None and len(s) == 0
 
 
+def test_the_store_is_bounded_by_bytes() -> None:
+    s = ResponseStore(max_entries=100, ttl_s=60, max_bytes=1000)
+    for i in range(5):
+        s.put(f"r{i}", "o", [{"i": i}], size=300)
+    assert len(s) == 3 and s.bytes == 900 and s.get("r1", "o") is None
+    s.put("r4", "o", [{"i": 4}], size=100)  # replaced: charged once
+    assert s.bytes == 700 and s.get("r4", "o") == [{"i": 4}]
+    s.put("huge", "o", [], size=2000)  # bigger than the budget: not kept, nothing evicted
+    assert s.get("huge", "o") is None and len(s) == 3
+
+
 # --- failures and disconnects --------------------------------------------------------------
 
 

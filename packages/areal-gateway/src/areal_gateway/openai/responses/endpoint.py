@@ -53,9 +53,9 @@ class ResponsesGeneration(GenerationResponse):
         t: Translated,
         store: ResponseStore,
     ) -> None:
-        super().__init__(
-            gw, RESPONSES, principal, request_id, model, stream, orjson.dumps(t.chat), t.chat
-        )
+        body = orjson.dumps(t.chat)
+        super().__init__(gw, RESPONSES, principal, request_id, model, stream, body, t.chat)
+        self._request_bytes = len(body)
         self.t = t
         self.store = store
         self.builder = ResponseBuilder(
@@ -72,8 +72,11 @@ class ResponsesGeneration(GenerationResponse):
     def _keep(self) -> None:
         b = self.builder
         if self.t.store and b.status in ("completed", "incomplete"):
-            conversation = [*self.t.history, *output_to_items(b.items)]
-            self.store.put(b.id, owner_of(self.principal), conversation)
+            output = output_to_items(b.items)
+            conversation = [*self.t.history, *output]
+            # The request's chat body bounds the history's size; the output is counted anew.
+            size = self._request_bytes + len(orjson.dumps(output))
+            self.store.put(b.id, owner_of(self.principal), conversation, size)
 
     # -- the translated output --
     def _result(self, body: bytes) -> bytes:
