@@ -141,6 +141,12 @@ async def test_unsupported_parameter_is_named_with_its_code(proxy):
     assert "docs/openai-api.md" in d.message
 
 
+async def test_null_means_not_given_for_any_field(proxy):
+    body = {"messages": MSG, "frobnicate": None, "audio": None, "verbosity": None}
+    r = await proxy.stub.ChatCompletion(request(body))
+    assert r.body
+
+
 async def test_informational_fields_are_accepted(proxy):
     body = {"messages": MSG, "user": "u1", "metadata": {"k": "v"}, "store": False}
     r = await proxy.stub.ChatCompletion(request(body))

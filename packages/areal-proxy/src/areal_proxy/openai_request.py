@@ -99,6 +99,8 @@ _ONLY_DEFAULT: dict[str, tuple[Any, ...]] = {
 
 def _check_fields(d: dict[str, Any], allowed: frozenset[str] | set[str], what: str) -> None:
     for key, value in d.items():
+        if value is None:
+            continue  # null is "not given" in the OpenAI API: nothing asked, nothing ignored
         if key in _ONLY_DEFAULT:
             if value not in _ONLY_DEFAULT[key]:
                 raise unsupported(key, f"is not supported by {what} (value {value!r})")

@@ -405,8 +405,9 @@ def _number(doc: dict[str, Any], key: str, lo: float, hi: float) -> float | None
 
 
 def _refuse_unhonoured(doc: dict[str, Any]) -> None:
-    for key in doc:
-        if key not in _KNOWN:
+    for key, value in doc.items():
+        # null is "not given" in the OpenAI API: nothing asked, so nothing ignored.
+        if key not in _KNOWN and value is not None:
             raise unsupported(key, f"Parameter '{key}' is not supported by areal.")
     if doc.get("background"):
         raise unsupported("background", "Background responses are not supported.")
