@@ -375,6 +375,23 @@ def test_engine_args_replace_the_cpu_defaults_of_the_same_name(clean):
     assert f.cli("inf", "stop").code == 0
 
 
+@pytest.mark.parametrize(
+    ("user", "flag"),
+    [
+        ("--port 9999", "--port"),
+        ("--host=0.0.0.0", "--host"),
+        ("--served-model-name x", "--served-model-name"),
+    ],
+)
+def test_engine_args_that_areal_sets_itself_are_refused_before_anything_starts(clean, user, flag):
+    f = clean
+    r = _run_detached(f, *MODEL, "--engine-args", user)
+    assert r.code == 2, r.err
+    assert f"--engine-args gives {flag}" in r.err and "Traceback" not in r.err
+    assert st.load("inf", "default") is None
+    assert not f.wait_gone(3)
+
+
 def test_register_failure_keeps_service(clean):
     f = clean
     assert _run_detached(f).code == 0

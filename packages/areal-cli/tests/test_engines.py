@@ -105,3 +105,12 @@ def test_launch_line_has_each_flag_once_with_the_users_value():
     assert len(names) == len(set(names)), launch.argv
     assert "--mem-fraction-static=0.8" in launch.argv and "0.05" not in launch.argv
     assert "--device" in launch.argv and "--disable-overlap-schedule" in launch.argv
+
+
+def test_flags_areal_sets_are_refused_in_engine_args():
+    for engine, flag in (("sglang", "--model-path"), ("vllm", "--model"), ("vllm", "-tp")):
+        with pytest.raises(CLIError) as info:
+            engines.check_engine_args(engine, [flag, "x"])
+        assert info.value.code == 2 and flag in str(info.value)
+    engines.check_engine_args("sglang", ["--mem-fraction-static", "0.3", "--model-impl=x"])
+    engines.check_engine_args("sglang", ["--host-ip-unrelated=1"])

@@ -71,6 +71,43 @@ def merge_engine_args(defaults: list[str], user: list[str]) -> list[str]:
     return kept + list(user)
 
 
+# Flags areal itself puts on an engine's command line, and the areal option that sets each.
+# Given in --engine-args they would reach the engine twice, or move it where its proxy and
+# the loopback guard do not look: refused before anything starts.
+OWNED_FLAGS: dict[str, dict[str, str]] = {
+    "sglang": {
+        "--model-path": "--model-path",
+        "--served-model-name": "--model",
+        "--host": "none: engines listen on loopback beside their proxy",
+        "--port": "none: areal picks a free port",
+        "--tokenizer-path": "--tokenizer-path",
+        "--tp-size": "the backend spec's t (e.g. sglang:d2t2)",
+        "--tensor-parallel-size": "the backend spec's t (e.g. sglang:d2t2)",
+    },
+    "vllm": {
+        "--model": "--model-path",
+        "--served-model-name": "--model",
+        "--host": "none: engines listen on loopback beside their proxy",
+        "--port": "none: areal picks a free port",
+        "--tokenizer": "--tokenizer-path",
+        "--tensor-parallel-size": "the backend spec's t (e.g. vllm:d2t2)",
+        "-tp": "the backend spec's t (e.g. vllm:d2t2)",
+    },
+}
+
+
+def check_engine_args(engine: str, user: list[str]) -> None:
+    """CLIError (exit 2) for a flag of `user` that areal sets itself on `engine`."""
+    owned = OWNED_FLAGS.get(engine, {})
+    for name, _ in _flag_groups(user):
+        if name in owned:
+            raise CLIError(
+                f"--engine-args gives {name}, which areal sets on the {engine} engine itself "
+                f"(areal's option for it: {owned[name]}); remove it from --engine-args",
+                code=2,
+            )
+
+
 def engines_dir() -> Path:
     if d := os.environ.get("AREAL_ENGINES_DIR"):
         return Path(d)

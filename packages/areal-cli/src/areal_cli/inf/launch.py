@@ -122,6 +122,7 @@ def resolve_model(cfg: Config, opts: ModelOptions, name_flag: str) -> ModelSpec:
             shlex.split(value)
         except ValueError as e:
             raise CLIError(f"cannot split {flag} {value!r}: {e}", code=2) from None
+    engines.check_engine_args(backend.engine, shlex.split(engine_args))
     table = f"engine.{backend.engine}"
     python = engines.resolve_python(backend.engine, cfg.get(table, "python"))
     default_args = cfg.get(table, "default_args")
