@@ -349,3 +349,39 @@ async def test_parallel_tool_calls_false_returns_the_first_call_only(stream):
                 assert len(out["choices"][0]["message"]["tool_calls"]) == want
     finally:
         await h.close()
+
+
+async def test_merged_choice_streams_are_bounded_by_their_reader():
+    from areal_proxy.inference import _merged
+
+    produced = [0, 0]
+
+    async def endless(i):
+        while True:
+            produced[i] += 1
+            yield b"x"
+
+    merged = _merged([endless(0), endless(1)])
+    for _ in range(3):
+        await merged.__anext__()
+    await asyncio.sleep(0.05)  # the producers run as far as the bound lets them
+    assert sum(produced) <= 3 + 4 + 2, produced  # read + queue (2 per choice) + one in hand each
+    await merged.aclose()
+
+
+async def test_a_failing_choice_stream_fails_the_merged_stream():
+    from areal_proxy.inference import _merged
+
+    async def ok():
+        yield b"a"
+        await asyncio.sleep(10)
+        yield b"never"
+
+    async def broken():
+        yield b"b"
+        raise RuntimeError("engine went away")
+
+    merged = _merged([ok(), broken()])
+    with pytest.raises(RuntimeError, match="engine went away"):
+        async for _ in merged:
+            pass

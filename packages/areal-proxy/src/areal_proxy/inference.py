@@ -725,14 +725,16 @@ async def _merged(streams: list[AsyncGenerator[bytes, None]]) -> AsyncGenerator[
             async for chunk in only:
                 yield chunk
         return
-    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+    # Bounded: a slow reader holds back every choice's stream (and through it the engine's
+    # credit), as it does a single choice's.
+    queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue(maxsize=2 * len(streams))
 
     async def pump(stream: AsyncGenerator[bytes, None]) -> None:
         try:
             async with aclosing(stream) as s:
                 async for chunk in s:
                     await queue.put(chunk)
-        except BaseException as e:  # handed to the consumer, which raises it
+        except Exception as e:  # handed to the consumer, which raises it (cancellation is not)
             await queue.put(e)
             return
         await queue.put(None)
@@ -744,7 +746,7 @@ async def _merged(streams: list[AsyncGenerator[bytes, None]]) -> AsyncGenerator[
             item = await queue.get()
             if item is None:
                 done += 1
-            elif isinstance(item, BaseException):
+            elif isinstance(item, Exception):
                 raise item
             else:
                 yield item
