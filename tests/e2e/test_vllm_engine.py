@@ -670,3 +670,21 @@ def test_proxy_weight_update_mid_stream_switches_the_weights(vllm_stack, vllm_en
         r = admin.post("/admin/update_weights", json={"path": str(PARROT), "version": 0})
         admin.close()
         assert r.status_code == 200, r.text
+
+
+def test_proxy_json_schema_constraint_on_vllm(vllm_stack):
+    """The proxy's JSON-schema constraint reaches vLLM as `structured_outputs` (a structural
+    tag bounding whitespace runs) and holds the random model's output to the schema."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    r = sdk(vllm_stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "json"}],
+        max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": schema}},
+    )
+    assert isinstance(json.loads(r.choices[0].message.content or "")["ok"], bool)
