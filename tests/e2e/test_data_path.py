@@ -176,8 +176,14 @@ BAD = [
     ),
     ("wrong type", b'{"model": "tiny-parrot", "messages": "hello"}', {}, 400),
     (
-        "n > 1",
-        b'{"model": "tiny-parrot", "n": 2, "messages": [{"role": "user", "content": "x"}]}',
+        "n over 64",
+        b'{"model": "tiny-parrot", "n": 65, "messages": [{"role": "user", "content": "x"}]}',
+        {},
+        400,
+    ),
+    (
+        "unsupported parameter",
+        b'{"model": "tiny-parrot", "audio": {}, "messages": [{"role": "user", "content": "x"}]}',
         {},
         400,
     ),

@@ -251,7 +251,7 @@ async def test_completion_returns_the_engines_tokens(
 
 async def test_errors_are_openai_shaped(stub):
     with pytest.raises(grpc.aio.AioRpcError) as ei:
-        await stub.ChatCompletion(req({"messages": MSG, "n": 2}))
+        await stub.ChatCompletion(req({"messages": MSG, "n": 0}))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     detail = dict(ei.value.trailing_metadata())["areal-error-bin"]
     d = envelope_pb2.ErrorDetail.FromString(detail)

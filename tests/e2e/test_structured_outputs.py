@@ -117,11 +117,10 @@ def test_sdk_parse_returns_the_parsed_object_stream_and_not(client):
     assert isinstance(final.choices[0].message.parsed, Weather)
 
 
-def test_json_object_and_regex_constraints(client):
-    r = client.chat.completions.create(
-        model=MODEL, messages=_ask(3), max_tokens=64, response_format={"type": "json_object"}
-    )
-    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+def test_regex_constraint(client):
+    # (json_object has no e2e test: its grammar bounds neither keys nor strings, and both the
+    # random model and greedy SmolLM2-135M write one of them until max_tokens; its mapping to
+    # the engine is unit-tested, and json_schema shows the engine's constraint at work)
     r = client.completions.create(
         model=MODEL, prompt="The answer:", max_tokens=8, extra_body={"regex": "(yes|no)"}
     )
