@@ -348,7 +348,8 @@ class InferenceHandler:
                     "finish_reason": finish,
                 }
             )
-        body_out = out.chat_completion(
+        body_out = out.whole_response(
+            obj="chat.completion",
             rid=rid,
             created=int(time.time()),
             model=self.config.model,
@@ -375,22 +376,34 @@ class InferenceHandler:
                 )
                 for i, rec in enumerate(recs)
             ]
-            async with aclosing(_merged(streams)) as chunks:
+            async with aclosing(
+                self._choices_stream(streams, recs, rid, created, "chat.completion.chunk", req)
+            ) as chunks:
                 async for chunk in chunks:
                     yield chunk
-            if req.include_usage:
-                yield orjson.dumps(
-                    out.usage_chunk(
-                        rid=rid,
-                        created=created,
-                        model=self.config.model,
-                        obj="chat.completion.chunk",
-                        usage_=_usage(recs),
-                    )
-                )
         finally:
             for rec in recs:
                 self.controller.finish(rec)
+
+    async def _choices_stream(
+        self,
+        streams: list[AsyncGenerator[bytes, None]],
+        recs: list[GenerationRecord],
+        rid: str,
+        created: int,
+        obj: str,
+        req: ChatRequest | CompletionRequest,
+    ) -> AsyncGenerator[bytes, None]:
+        """Every choice's chunks as they come, then the usage chunk when asked for."""
+        async with aclosing(_merged(streams)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+        if req.include_usage:
+            yield orjson.dumps(
+                out.usage_chunk(
+                    rid=rid, created=created, model=self.config.model, obj=obj, usage_=_usage(recs)
+                )
+            )
 
     async def _chat_choice_stream(
         self,
@@ -559,7 +572,8 @@ class InferenceHandler:
             choices.append(
                 {"index": k, "text": echo + text, "logprobs": lp, "finish_reason": finish}
             )
-        body_out = out.completion(
+        body_out = out.whole_response(
+            obj="text_completion",
             rid=rid,
             created=int(time.time()),
             model=self.config.model,
@@ -593,19 +607,13 @@ class InferenceHandler:
                 )
                 for k, (rec, i) in enumerate(recs)
             ]
-            async with aclosing(_merged(streams)) as chunks:
+            async with aclosing(
+                self._choices_stream(
+                    streams, [rec for rec, _ in recs], rid, created, "text_completion", req
+                )
+            ) as chunks:
                 async for chunk in chunks:
                     yield chunk
-            if req.include_usage:
-                yield orjson.dumps(
-                    out.usage_chunk(
-                        rid=rid,
-                        created=created,
-                        model=self.config.model,
-                        obj="text_completion",
-                        usage_=_usage([rec for rec, _ in recs]),
-                    )
-                )
         finally:
             for rec, _ in recs:
                 self.controller.finish(rec)

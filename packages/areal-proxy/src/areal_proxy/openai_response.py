@@ -84,18 +84,20 @@ def chat_message(
     return message
 
 
-def chat_completion(
+def whole_response(
     *,
+    obj: str,
     rid: str,
     created: int,
     model: str,
     choices: list[dict[str, Any]],
     usage_: dict[str, int],
 ) -> dict[str, Any]:
-    """`choices`: {"index", "message", "logprobs", "finish_reason"} each."""
+    """A non-streamed answer: `obj` "chat.completion" (choices: index, message, logprobs,
+    finish_reason) or "text_completion" (choices: index, text, logprobs, finish_reason)."""
     return {
         "id": rid,
-        "object": "chat.completion",
+        "object": obj,
         "created": created,
         "model": model,
         "choices": choices,
@@ -126,25 +128,6 @@ def chat_chunk(
     if with_usage_field:
         chunk["usage"] = None
     return chunk
-
-
-def completion(
-    *,
-    rid: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage_: dict[str, int],
-) -> dict[str, Any]:
-    """`choices`: {"index", "text", "logprobs", "finish_reason"} each."""
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage_,
-    }
 
 
 def completion_chunk(
