@@ -273,11 +273,11 @@ async def test_named_tool_choice_allows_only_that_function():
             "messages": MSG,
             "tools": TOOLS,
             "tool_choice": choice,
-            "parallel_tool_calls": False,
         }
         await h.chat(body)
         fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
         assert [t["begin"] for t in fmt["tags"]] == ['{"name": "get_time", "parameters": ']
+        # One call of the named function, though parallel_tool_calls defaults to true.
         assert fmt["stop_after_first"] is True
         await _reject(
             h.stub.ChatCompletion,

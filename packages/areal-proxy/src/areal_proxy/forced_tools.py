@@ -84,13 +84,16 @@ def forced_constraint(
         chosen = [functions[name]]
     else:
         chosen = list(functions.values())
+    # A named function is "call exactly this function" (OpenAI's forced-function semantics),
+    # so it is one call whatever `parallel_tool_calls` says; "required" may make several.
+    single = isinstance(tool_choice, dict) or not parallel
     tags = [_call_tag(prefix, f["name"], args_key, f.get("parameters") or {}, end) for f in chosen]
     fmt_tag: dict[str, Any] = {
         "type": "tags_with_separator",
         "tags": tags,
         "separator": sep,
         "at_least_one": True,
-        "stop_after_first": not parallel,
+        "stop_after_first": single,
     }
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt_tag}))
 
