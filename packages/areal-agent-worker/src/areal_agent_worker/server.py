@@ -18,6 +18,7 @@ from areal_agent_worker.loader import AgentLoadError, load_agent
 from areal_agent_worker.service import AgentWorkerServicer, WorkerMetrics
 from areal_agent_worker.settings import Settings
 from areal_proto.agent.v1 import agent_worker_pb2_grpc
+from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
@@ -74,7 +75,7 @@ def create_worker(settings: Settings, agent: Any) -> Worker:
     agent_worker_pb2_grpc.add_AgentWorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    port = tls.bind(server, f"{settings.host}:{settings.port}")
     return Worker(settings, server, servicer, health_servicer, port)
 
 
@@ -84,7 +85,11 @@ async def serve(settings: Settings) -> int:
     except AgentLoadError as e:
         print(f"areal-agent-worker: error: {e}", file=sys.stderr)
         return 2
-    worker = create_worker(settings, agent)
+    try:
+        worker = create_worker(settings, agent)
+    except tls.TLSConfigError as e:
+        print(f"areal-agent-worker: error: {e}", file=sys.stderr)
+        return 2
     await worker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -26,6 +26,7 @@ from areal_proxy.recording.store import Store
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
@@ -128,7 +129,7 @@ class ProxyServer:
 
     async def start(self) -> int:
         s = self.settings
-        self.port = self.server.add_insecure_port(_bind_address(s.host, s.port))
+        self.port = tls.bind(self.server, _bind_address(s.host, s.port))
         if not self.port:
             raise OSError(f"cannot listen on {s.host}:{s.port}")
         await self.server.start()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_runtime import tls
 from areal_runtime.auth import call_metadata
 from areal_runtime.errors import ServiceError, from_rpc_error
 
@@ -44,7 +45,7 @@ class ProxyClient:
 
     def __init__(self, address: str, *, reconnect_ms: int = 1000) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=_channel_options(reconnect_ms))
+        self._channel = tls.channel(address, options=_channel_options(reconnect_ms))
         self._stub = proxy_pb2_grpc.ProxyStatusServiceStub(self._channel)
 
     async def get_stats(self, deadline_s: float) -> ProxyStats:

@@ -24,6 +24,7 @@ from areal_router.registry import Registry
 from areal_router.service import RouterService
 from areal_router.settings import RouterSettings
 from areal_router.store import StateStore
+from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
@@ -65,7 +66,7 @@ class RouterServer:
         self.server = grpc.aio.server(interceptors=server_interceptors())
         router_pb2_grpc.add_RouterServiceServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        self.port = tls.bind(self.server, f"{s.host}:{s.port}")
         if not self.port:
             raise OSError(f"cannot listen on {s.host}:{s.port}")
         await self.server.start()

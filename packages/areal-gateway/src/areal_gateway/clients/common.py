@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from areal_runtime import tls
 from areal_runtime.errors import (
     ERROR_METADATA_KEY,
     ServiceError,
@@ -99,7 +100,7 @@ async def ensure_connected(
 
 
 def open_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return tls.channel(address, options=CHANNEL_OPTIONS)
 
 
 async def read_messages(call: Any, address: str) -> AsyncIterator[Any]:

@@ -17,6 +17,7 @@ from areal_proxy.agent.sessions import AgentSessions
 from areal_proxy.agent.worker_client import WorkerClient
 from areal_proxy.metrics import AgentProxyMetrics
 from areal_proxy.settings import Settings
+from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
@@ -54,7 +55,7 @@ class AgentProxyServer:
 
     async def start(self) -> int:
         s = self.settings
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        self.port = tls.bind(self.server, f"{s.host}:{s.port}")
         await self.server.start()
         self.metrics_port = self.metrics.start(s.host, s.metrics_port)
         self.servicer.worker_healthy = await self.worker.healthy()

@@ -9,6 +9,7 @@ import grpc
 import orjson
 
 from areal_proto.agent.v1 import agent_worker_pb2, agent_worker_pb2_grpc
+from areal_runtime import tls
 from areal_runtime.auth import call_metadata
 from areal_runtime.errors import Unavailable, from_rpc_error
 
@@ -16,7 +17,7 @@ from areal_runtime.errors import Unavailable, from_rpc_error
 class WorkerClient:
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = tls.channel(address)
         self._stub = agent_worker_pb2_grpc.AgentWorkerServiceStub(self._channel)
         self._md = call_metadata()
 
