@@ -27,6 +27,13 @@ _ENGINE: dict[str, Types] = {"python": _STR, "default_args": _STR}
 _BINARIES_INF: dict[str, Types] = {"gateway": _STR, "router": _STR, "proxy": _STR}
 _BINARIES_AGENT: dict[str, Types] = {**_BINARIES_INF, "agent_worker": _STR}
 _STOP: dict[str, Types] = {"grace_period": _NUM}
+# `--scheduler ray` (docs/cluster.md): the cluster, the resource a device maps to, a shared folder.
+_SCHEDULER: dict[str, Types] = {
+    "type": _STR,
+    "address": _STR,
+    "device_resource": _STR,
+    "shared_dir": _STR,
+}
 # areal_cli.watchdog.Policy; `--supervise/--no-supervise` overrides `enabled`.
 _SUPERVISION: dict[str, Types] = {
     "enabled": _BOOL,
@@ -49,7 +56,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
             "log_level": _STR,
             "admin_api_key": _STR,
         },
-        "scheduler": {"type": _STR},
+        "scheduler": _SCHEDULER,
         "register": {},
         "register.internal": {
             "backend": _STR,
@@ -83,7 +90,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
             "inf_admin_api_key": _STR,
             "inf_model": _STR,
         },
-        "scheduler": {"type": _STR},
+        "scheduler": _SCHEDULER,
         "binaries": _BINARIES_AGENT,
         "stop": _STOP,
         "supervision": _SUPERVISION,

@@ -148,7 +148,7 @@ def engine_launch(
     model_path: str,
     served_name: str,
     host: str,
-    port: int,
+    port: int | str,
     tokenizer_path: str | None = None,
     extra_args: list[str] | None = None,
     tensor_parallel: int = 1,

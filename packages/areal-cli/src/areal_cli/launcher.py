@@ -464,6 +464,7 @@ def monitor_foreground(
                     time.sleep(wd.current_policy().check_interval)
                 progress(f"{group} service '{service}' was stopped")
                 return 0
+            next_follow = 0.0
             while True:
                 time.sleep(0.3)
                 for p in procs.values():
@@ -473,7 +474,14 @@ def monitor_foreground(
                     progress(f"{group} service '{service}' was stopped")
                     return 0
                 assert s is not None
-                if all(c.alive() for c in components(s).values()):
+                if s.get("scheduler") == "ray" and time.monotonic() >= next_follow:
+                    from areal_cli.watchdog import Watchdog
+
+                    Watchdog(group, service, instance=instance, log=progress).follow_moves()
+                    next_follow = time.monotonic() + 2.0
+                # Components on a cluster are kept alive by their hosts; not torn down here.
+                here = [Component.from_dict(d) for d in (s.get("components") or {}).values()]
+                if all(c.alive() for c in here if not c.remote):
                     continue
                 try:
                     lock = st.Lock(group, service)
@@ -486,7 +494,7 @@ def monitor_foreground(
                         continue
                     assert s is not None
                     comps = components(s)
-                    dead = [c for c in comps.values() if not c.alive()]
+                    dead = [c for c in comps.values() if not c.remote and not c.alive()]
                     if not dead:
                         continue
                     lines = []

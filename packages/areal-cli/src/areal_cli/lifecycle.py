@@ -25,6 +25,15 @@ DEFAULT_GRACE = 10.0
 
 
 def components(state: dict[str, Any]) -> dict[str, Component]:
+    """The recorded components; on a cluster, with what their hosts say of them now."""
+    if state.get("scheduler") == "ray":
+        from areal_cli.cluster import ray_scheduler
+
+        try:
+            ray_scheduler.refresh(state)
+        except CLIError as e:
+            # The cluster is not reachable: its components read as dead, and say why.
+            state["cluster_error"] = e.message
     return {n: Component.from_dict(d) for n, d in (state.get("components") or {}).items()}
 
 
@@ -86,6 +95,13 @@ def describe(comp: Component) -> dict[str, Any]:
     for key in ("url", "address", "model", "rank", "proxy_id", "started_at", "gpus"):
         if key in comp.meta:
             d[key] = comp.meta[key]
+    # Where it runs: this machine, or the cluster node its host is on (and its pid there).
+    d["node"] = comp.meta.get("node") or "local"
+    if comp.remote:
+        d["pid"] = comp.meta.get("remote_pid", 0)
+        d["moves"] = int(sup.get("moves") or 0)
+        if comp.meta.get("live_address"):
+            d["address"] = comp.meta["live_address"]
     return d
 
 
@@ -105,11 +121,21 @@ def stop_tiers(comps: list[Component]) -> list[list[Component]]:
 def terminate_components(
     comps: list[Component], *, grace: float, force: bool = False, procs: dict | None = None
 ) -> list[str]:
-    """Stop `comps` in tier order; the names of any that survived."""
+    """Stop `comps` in tier order; the names of any that survived.
+
+    Components on a cluster go first, through their hosts (each host stops its proxy,
+    then its engine), then the local tiers."""
     from areal_cli import supervisor
 
-    supervisor.terminate(stop_tiers(comps), grace=grace, force=force, procs=procs)
-    return [c.name for c in comps if supervisor.group_alive(c)]
+    remote = [c for c in comps if c.remote]
+    survivors: list[str] = []
+    if remote:
+        from areal_cli.cluster import ray_scheduler
+
+        survivors = ray_scheduler.stop_remote(remote, grace=grace, force=force)
+    local = [c for c in comps if not c.remote]
+    supervisor.terminate(stop_tiers(local), grace=grace, force=force, procs=procs)
+    return survivors + [c.name for c in local if supervisor.group_alive(c)]
 
 
 def require_state(group: str, service: str) -> dict[str, Any]:
@@ -130,6 +156,11 @@ def stop(
         comps = list(components(s).values())
         t0 = time.monotonic()
         survivors = terminate_components(comps, grace=grace, force=force)
+        if s.get("scheduler") == "ray":
+            from areal_cli.cluster import ray_scheduler
+
+            address = (s.get("ray") or {}).get("ray_address", "auto")
+            survivors += ray_scheduler.sweep(address, group, service, grace=grace, force=force)
         took = time.monotonic() - t0
         if survivors:
             raise CLIError(
@@ -282,6 +313,18 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
             }
             for p in s.get("pairs", [])
         ]
+    if s.get("scheduler") == "ray":
+        ray = s.get("ray") or {}
+        here = ray.get("driver_node", "")
+        for c in described.values():
+            if c["node"] == "local" and here:
+                c["node"] = here
+        doc["cluster"] = {
+            "address": ray.get("ray_address", ""),
+            "device_resource": ray.get("device_resource", ""),
+            "shared_dir": ray.get("shared_dir", ""),
+            "error": s.get("cluster_error"),
+        }
     doc["components"] = described
     return doc
 
@@ -291,6 +334,15 @@ def print_status(doc: dict[str, Any]) -> None:
     print(f"service   {doc['service']} ({doc['group']}, scheduler {doc['scheduler']})")
     health = "healthy" if gw.get("healthy") else "not answering" if gw.get("alive") else "dead"
     print(f"status    {doc['status']}")
+    cluster = doc.get("cluster")
+    if cluster:
+        shared = cluster.get("shared_dir") or "none (a lost node's sessions are lost)"
+        print(
+            f"cluster   ray at {cluster['address']} (devices = {cluster['device_resource']}, "
+            f"shared dir {shared})"
+        )
+        if cluster.get("error"):
+            print(f"          not reachable: {cluster['error']}")
     sup = doc.get("supervision") or {}
     if sup.get("enabled"):
         print(
@@ -328,19 +380,22 @@ def print_status(doc: dict[str, Any]) -> None:
         if last.get("reason"):
             at = time.strftime("%H:%M:%S", time.localtime(float(last.get("at") or 0)))
             failure = f"{at} {last['reason']}"
+        restarts = str(c["restarts"]) + (f" ({c['moves']} moved)" if c.get("moves") else "")
         rows.append(
             [
                 c["name"],
                 c["role"],
                 c["state"],
-                str(c["restarts"]),
+                restarts,
+                c["node"],
                 str(c["pid"]),
                 addr,
                 failure,
                 c["log"],
             ]
         )
-    headers = ["COMPONENT", "ROLE", "STATE", "RESTARTS", "PID", "ADDRESS", "LAST FAILURE", "LOG"]
+    headers = ["COMPONENT", "ROLE", "STATE", "RESTARTS", "NODE", "PID", "ADDRESS"]
+    headers += ["LAST FAILURE", "LOG"]
     print_table(headers, rows)
 
 
@@ -386,6 +441,9 @@ def logs(group: str, service: str, component: str, *, follow: bool, lines: int) 
         raise CLIError("-n must be 0 or more", code=2)
     s = st.load(group, service)
     path: Path | None = None
+    rec = (s.get("components") or {}).get(component) if s else None
+    if s and rec and (rec.get("meta") or {}).get("actor"):
+        return _remote_logs(s, rec, follow=follow, lines=lines)
     if s and component in (s.get("components") or {}):
         path = Path(s["components"][component]["log"])
     elif "/" not in component and component not in ("", ".", ".."):
@@ -412,6 +470,34 @@ def logs(group: str, service: str, component: str, *, follow: bool, lines: int) 
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _remote_logs(s: dict[str, Any], rec: dict[str, Any], *, follow: bool, lines: int) -> int:
+    """A component's log from the node it runs on, read through its host."""
+    from areal_cli.cluster import ray_scheduler
+
+    # The last `lines` lines: read the last 64 KiB, as log_tail does for a local file.
+    data, offset = ray_scheduler.read_log(s, rec, -64 * 1024)
+    if lines:
+        text = b"\n".join(data.splitlines()[-lines:])
+        if text:
+            sys.stdout.buffer.write(text + b"\n")
+    sys.stdout.flush()
+    if not follow:
+        return 0
+    try:
+        while True:
+            data, new = ray_scheduler.read_log(s, rec, offset)
+            if new < offset:  # replaced: from its start
+                data, new = ray_scheduler.read_log(s, rec, 0)
+            if data:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.3)
+            offset = new
+    except KeyboardInterrupt:
+        return 0
 
 
 def _follow(path: Path) -> None:

@@ -63,7 +63,15 @@ class Component:
     def from_dict(cls, d: dict) -> Component:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
+    @property
+    def remote(self) -> bool:
+        """Runs on a cluster node under a host actor (`meta.actor`): nothing local to signal
+        (its pid is 0 here); whether it is alive is what the host last said (`meta.live`)."""
+        return bool(self.meta.get("actor"))
+
     def alive(self) -> bool:
+        if self.remote:
+            return bool(self.meta.get("live"))
         return is_same_process(self.pid, self.start_time)
 
 

@@ -225,10 +225,14 @@ class Watchdog:
         if not policy.enabled:
             return True
         now = time.monotonic()
+        if s.get("scheduler") == "ray":
+            self.follow_moves()
+        # Components on a cluster are kept alive by their hosts (areal_cli.cluster.host).
         comps = {
             n: Component.from_dict(d)
             for n, d in (s.get("components") or {}).items()
             if (d.get("meta") or {}).get("role") != "watchdog"
+            and not (d.get("meta") or {}).get("actor")
         }
         for name in list(self.tracks):
             if name not in comps:
@@ -446,6 +450,51 @@ class Watchdog:
             url = http_url(comp.host, int(info["port"]))
             return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
         return True
+
+    def follow_moves(self) -> None:
+        """On a cluster: a proxy whose host Ray placed again (its node was lost) answers at a
+        new address; re-register it there and record where it is now."""
+        from areal_cli.lifecycle import components
+
+        try:
+            s = st.load(self.group, self.service)
+        except CLIError:
+            return
+        if s is None or self.gone(s):
+            return
+        comps = components(s)  # asks the hosts (in place on `s`)
+        moved = [
+            c
+            for c in comps.values()
+            if c.remote
+            and c.meta.get("live")
+            and c.meta.get("role") == "proxy"
+            and c.meta.get("live_address")
+            and c.meta["live_address"] != c.meta.get("address")
+        ]
+        if not moved:
+            return
+        with self._locked(wait=5.0) as cur:
+            if cur is None:
+                return
+            for c in moved:
+                address = c.meta["live_address"]
+                self.log(f"watchdog: {c.name} now runs on {c.meta.get('node')} at {address}")
+                self._reregister(cur, c, address)
+                rec = cur["components"].get(c.name)
+                if rec is None:
+                    continue
+                node = c.meta.get("node", "")
+                for name, d in cur["components"].items():
+                    m = d.get("meta") or {}
+                    if m.get("actor") == c.meta["actor"]:
+                        m["node"] = node
+                        m["node_id"] = s["components"][name]["meta"].get("node_id")
+                        m["moves"] = int(m.get("moves", 0)) + 1
+                        d["host"] = node
+                rec["meta"]["address"] = address
+                rec["port"] = int(address.rsplit(":", 1)[1])
+            st.save(self.group, self.service, cur)
 
     def _reregister(self, s: dict[str, Any], comp: Component, address: str) -> None:
         """A proxy that came back on a new port: tell the router through the gateway."""

@@ -50,7 +50,18 @@ def run(
     port: Annotated[int | None, typer.Option(help="Gateway port [default: 8080].")] = None,
     admin_api_key: AdminApiKey = None,
     scheduler: Annotated[
-        str | None, typer.Option(help="Scheduling backend; only 'local' [default: local].")
+        str | None,
+        typer.Option(
+            help="Scheduling backend: 'local' (this machine) or 'ray' (an existing Ray cluster "
+            "this node belongs to; needs areal-cli[ray]; docs/cluster.md) [default: local]."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --scheduler ray: the cluster's HOST:PORT, or 'auto' for the one this "
+            "node runs [default: [scheduler] address, $RAY_ADDRESS, auto]."
+        ),
     ] = None,
     detach: Annotated[
         bool,
@@ -93,6 +104,7 @@ def run(
         port=port,
         admin_api_key=admin_api_key,
         scheduler=scheduler,
+        ray_address=ray_address,
         detach=detach,
         force=force,
         routing_strategy=routing_strategy,

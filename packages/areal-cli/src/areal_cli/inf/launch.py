@@ -40,6 +40,7 @@ from areal_cli.private_files import make_dir
 from areal_cli.supervisor import Component
 
 GROUP = "inf"
+SCHEDULERS = ("local", "ray")
 ROUTING_STRATEGIES = (
     "round_robin",
     "least_loaded",
@@ -146,6 +147,13 @@ def _default_engine_args(spec: ModelSpec, on_gpu: bool) -> str:
 
 def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[str, Any]) -> dict:
     """Start every replica of `spec` (engines in parallel, then proxies); its state record."""
+    if launcher.state.get("scheduler") == "ray":
+        from areal_cli.inf.ray_units import start_model_ray
+
+        # The cluster's nodes say whether they have GPUs; the CPU flags unless they do.
+        on_gpu = launcher.state["ray"].get("device_resource") == "GPU"
+        defaults = shlex.split(_default_engine_args(spec, on_gpu))
+        return start_model_ray(launcher, spec, proxy_bin, opts, defaults)
     devices = bk.visible_gpus()
     others = [s for n, s in st.load_all(GROUP).items() if n != launcher.service]
     others += list(st.load_all("agent").values())
@@ -315,6 +323,7 @@ class RunOptions:
     launch_timeout: float | None
     model: ModelOptions
     supervise: bool | None = None
+    ray_address: str | None = None
 
 
 def run(cfg: Config, o: RunOptions) -> int:
@@ -323,8 +332,23 @@ def run(cfg: Config, o: RunOptions) -> int:
     if o.model.name is None and given:
         raise CLIError(f"model registration flags require --model. (got {', '.join(given)})", 2)
     scheduler = cfg.pick(o.scheduler, "scheduler", "type", "local")
-    if scheduler != "local":
-        raise CLIError(f"--scheduler '{scheduler}' is not supported (only 'local')", code=2)
+    if scheduler not in SCHEDULERS:
+        raise CLIError(
+            f"invalid --scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})", code=2
+        )
+    if o.ray_address and scheduler != "ray":
+        raise CLIError("--ray-address needs --scheduler ray", code=2)
+    ray_settings: dict[str, Any] = {}
+    if scheduler == "ray":
+        from areal_cli.cluster import ray_scheduler
+
+        ray_settings = ray_scheduler.scheduler_settings(cfg, o.ray_address)
+        # A cluster that is not there fails the command now; the device resource is pinned.
+        ray = ray_scheduler.connect(ray_settings["ray_address"])
+        ray_settings["device_resource"] = ray_scheduler.device_resource(
+            ray, ray_settings["device_resource"]
+        )
+        ray_settings["driver_node"] = ray.util.get_node_ip_address()
     host = cfg.pick(o.host, "launch", "gateway_host", "127.0.0.1")
     port = int(cfg.pick(o.port, "launch", "gateway_port", DEFAULT_PORT))
     if not 0 <= port <= 65535:
@@ -368,6 +392,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             "instance": uuid.uuid4().hex,
             "phase": "starting",
             "scheduler": scheduler,
+            **({"ray": ray_settings} if ray_settings else {}),
             "created_at": time.time(),
             "owner": self_identity(foreground=not o.detach),
             "routing_strategy": strategy,
@@ -383,6 +408,10 @@ def run(cfg: Config, o: RunOptions) -> int:
         }
 
     def start(launcher: Launcher) -> None:
+        if scheduler == "ray":
+            from areal_cli.cluster import ray_scheduler
+
+            ray_scheduler.setup_tls(launcher)
         start_router_gateway(
             launcher,
             router_bin=router_bin,

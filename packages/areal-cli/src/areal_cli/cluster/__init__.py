@@ -1,0 +1,1 @@
+"""Running services on a cluster (`--scheduler ray`): imported only on that path."""
