@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from areal_gateway.settings import PROG, SettingsError, load_settings, validate
+from areal_runtime import tls
 from areal_runtime.logs import exit_process, setup_logging
 
 
@@ -13,6 +14,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         settings = load_settings(argv)
         validate(settings)
+        tls.config()  # a broken AREAL_TLS_* environment: this message, not a startup traceback
     except (SettingsError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         sys.exit(2)
