@@ -256,6 +256,11 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     s = require_state(group, service)
     comps = components(s)
     described = {n: describe(c) for n, c in comps.items()}
+    # On a cluster, what runs beside the CLI is on the CLI's node.
+    here = (s.get("ray") or {}).get("driver_node", "")
+    for c in described.values():
+        if c["node"] == "local" and here:
+            c["node"] = here
     doc: dict[str, Any] = {
         "service": service,
         "group": group,
@@ -315,10 +320,6 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
         ]
     if s.get("scheduler") == "ray":
         ray = s.get("ray") or {}
-        here = ray.get("driver_node", "")
-        for c in described.values():
-            if c["node"] == "local" and here:
-                c["node"] = here
         doc["cluster"] = {
             "address": ray.get("ray_address", ""),
             "device_resource": ray.get("device_resource", ""),
