@@ -10,8 +10,12 @@ watches its replica come back on node 1.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -166,6 +170,98 @@ def test_logs_of_a_remote_component(svc):
     assert r.stdout.strip(), "no log lines came back from node 2"
 
 
+def _remote_proxy(svc, ray_cluster) -> dict:
+    [model] = [m for m in svc.status()["models"] if m["name"] == MODEL]
+    [rep] = [r for r in model["replicas"] if r["data_proxy"]["node"] == ray_cluster.ip(2)]
+    return rep["data_proxy"]
+
+
+def test_internal_ports_refuse_plaintext_and_a_client_without_the_token(svc, ray_cluster):
+    import grpc
+
+    from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+
+    address = _remote_proxy(svc, ray_cluster)["address"]
+    tls_dir = svc.home / "inf" / "run" / SERVICE / "tls"
+    secrets = json.loads((svc.home / "inf" / "services" / f"{SERVICE}.secrets").read_text())
+
+    def stats(channel, metadata=()):
+        stub = proxy_pb2_grpc.ProxyStatusServiceStub(channel)
+        return stub.GetStats(proxy_pb2.GetStatsRequest(), timeout=10, metadata=metadata)
+
+    with grpc.insecure_channel(address) as plain, pytest.raises(grpc.RpcError) as info:
+        stats(plain)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(tls_dir / "ca.pem").read_bytes(),
+        private_key=(tls_dir / "key.pem").read_bytes(),
+        certificate_chain=(tls_dir / "cert.pem").read_bytes(),
+    )
+    opts = [("grpc.ssl_target_name_override", "areal-internal")]
+    with grpc.secure_channel(address, creds, options=opts) as tls:
+        with pytest.raises(grpc.RpcError) as info:
+            stats(tls)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        token = secrets["internal_token"]
+        assert stats(tls, (("x-areal-internal-token", token),)) is not None
+    # No server of the service listens on a wildcard address on either node. (Ray 2.60's
+    # own gRPC servers do, the core worker inside any Ray driver included: docs/cluster.md.)
+    for i in (1, 2):
+        out = ray_cluster.run(i, [sys.executable, "-c", _WILDCARD_LISTENERS], timeout=30).stdout
+        assert json.loads(out) == [], out
+
+
+def test_a_dead_proxy_process_is_restarted_by_its_host(svc, ray_cluster):
+    before = _remote_proxy(svc, ray_cluster)
+    [pid] = [
+        p
+        for p in ray_cluster.pids_in_node(2)
+        if b"areal-proxy" in _cmdline(p) and before["name"].encode() in _cmdline(p)
+    ]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = _remote_proxy(svc, ray_cluster)
+        if now["restarts"] >= 1 and now["state"] == "running" and now["alive"]:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not restarted: {now}")
+    assert now["address"] == before["address"]  # same port: nothing to re-register
+    client = openai.OpenAI(base_url=_gateway(svc) + "/v1", api_key=ADMIN_KEY, timeout=120)
+    for i in range(2):
+        assert client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"again {i}"}], max_tokens=2
+        ).choices
+
+
+def test_register_and_deregister_a_second_model(svc):
+    r = svc(
+        "inf", "register",
+        "--service", SERVICE,
+        "--model-name", "tiny2",
+        "--backend", "sglang:d1",
+        "--model-path", str(PARROT),
+        "--proxy-args", "--chat-template-type hf",
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    [m] = [m for m in svc.status()["models"] if m["name"] == "tiny2"]
+    assert m["replicas"][0]["data_proxy"]["node"].startswith("198.18.0.")
+    client = openai.OpenAI(base_url=_gateway(svc) + "/v1", api_key=ADMIN_KEY, timeout=120)
+    out = client.chat.completions.create(
+        model="tiny2", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert out.choices
+    r = svc("inf", "deregister", "--service", SERVICE, "--model-name", "tiny2")
+    assert r.returncode == 0, r.stderr
+    assert [m["name"] for m in svc.status()["models"]] == [MODEL]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="tiny2", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+
+
 def test_stop_leaves_nothing_on_any_node(svc, ray_cluster):
     r = svc("inf", "stop", "--service", SERVICE)
     assert r.returncode == 0, r.stderr
@@ -189,9 +285,30 @@ def test_stop_leaves_nothing_on_any_node(svc, ray_cluster):
     assert not [p for p in doc["pgs"] if p.startswith(f"areal-inf-{SERVICE}-")]
 
 
-def _ours(pid: int) -> bool:
+# Run inside a node: listeners of areal's servers and engines on 0.0.0.0 or [::].
+_WILDCARD_LISTENERS = r"""
+import json, re, subprocess
+out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+bad = []
+for line in out.splitlines():
+    local = line.split()[3]
+    if not (local.startswith("0.0.0.0:") or local.startswith("*:") or local.startswith("[::]:")):
+        continue
+    for pid in re.findall(r"pid=(\d+)", line):
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        if any(s in cmd for s in (b"areal-proxy", b"areal-gateway", b"areal-router", b"sglang")):
+            bad.append([local, cmd.decode(errors="replace")[:200]])
+print(json.dumps(bad))
+"""
+
+
+def _cmdline(pid: int) -> bytes:
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
+        return b""
+
+
+def _ours(pid: int) -> bool:
+    cmd = _cmdline(pid)
     return b"sglang" in cmd or b"areal-proxy" in cmd

@@ -290,3 +290,23 @@ async def test_a_closed_session_takes_rewards_only_for_unrewarded_interactions(b
         book.set_reward(fresh(), "int-unknown", 1.0)
     assert info.value.http_status == 404
     assert [t.reward for t in book.store.interactions(sid)] == [1.0, 0.5]
+
+
+async def test_a_replica_that_lost_its_data_says_so_for_unknown_sessions(tmp_path):
+    """Placed again on another node without a shared directory: an export of a session it
+    recorded before is an error naming the loss, never an empty (short) answer."""
+    why = "replica m-data-proxy-1 was placed again after node 198.18.0.12 was lost"
+    book = SessionBook(Store(tmp_path / "fresh.db"), lost_data=why)
+    for call in (
+        lambda: book.resolve_export(["sess-before"], ""),
+        lambda: book.resolve_export([], "group-before"),
+        lambda: book.authorize("sess-before", "areal-sk-x.y", for_turn=False),
+    ):
+        with pytest.raises(ServiceError) as info:
+            call()
+        assert info.value.code == "replica_data_lost" and why in info.value.message
+    # A replica that lost nothing keeps the plain answers.
+    plain = SessionBook(Store(tmp_path / "plain.db"))
+    with pytest.raises(ServiceError) as info:
+        plain.resolve_export(["sess-before"], "")
+    assert info.value.code == "session_not_found"

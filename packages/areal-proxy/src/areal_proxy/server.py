@@ -80,6 +80,7 @@ class ProxyServer:
             max_live=settings.max_live_sessions,
             executor=self.db_executor,
             retention=settings.retention_seconds,
+            lost_data=settings.lost_data,
         )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(

@@ -35,7 +35,6 @@ from areal_runtime.errors import (
     InvalidRequest,
     PermissionDenied,
     ServiceError,
-    SessionNotFound,
     abort,
     error_for,
 )
@@ -360,7 +359,7 @@ class ProxyServicer(
         if env is not None and env.is_admin:
             found = book.store.session(session_id)
             if found is None:
-                raise SessionNotFound(f"session '{session_id}' not found")
+                raise book.missing(session_id)
             return found
         key = env.api_key if env is not None else ""
         if not key or (env.session_id and env.session_id != session_id):

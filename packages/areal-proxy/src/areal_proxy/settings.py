@@ -63,6 +63,14 @@ class Settings:
             "help": "SQLite file of recorded sessions; empty: $AREAL_HOME/proxy/<proxy-id>.sqlite"
         },
     )
+    lost_data: str = field(
+        default="",
+        metadata={
+            "help": "set by a cluster scheduler for a replica placed again on another node "
+            "without the data it had recorded: a session this proxy does not know is answered "
+            "with this explanation (replica_data_lost) rather than a plain not found"
+        },
+    )
     session_ttl: float = field(
         default=3600.0, metadata={"help": "seconds an idle RL session lives before it is ended"}
     )

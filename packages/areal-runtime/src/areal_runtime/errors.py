@@ -17,6 +17,7 @@ The hierarchy (status, OpenAI `type`, default `code`; `-` = none, sent as null):
     ├── NotFound                  404  not_found_error        -
     │   ├── UnknownModel          404  not_found_error        model_not_found
     │   └── SessionNotFound       404  not_found_error        session_not_found
+    │       └── ReplicaDataLost   404  not_found_error        replica_data_lost
     ├── Conflict                  409  conflict_error         -
     │   ├── ModelExists           409  conflict_error         model_exists
     │   └── SessionExists         409  conflict_error         session_exists
@@ -223,6 +224,14 @@ class SessionNotFound(NotFound):
     codes = ("session_not_found",)
 
 
+class ReplicaDataLost(SessionNotFound):
+    """The session is unknown to a replica that was placed again on another node without
+    the data it had recorded (no shared directory): never a silent short export."""
+
+    code = "replica_data_lost"
+    codes = ("replica_data_lost",)
+
+
 class Conflict(_Typed):
     """The request is well-formed but the current state refuses it."""
 
@@ -359,6 +368,7 @@ ERROR_CLASSES: tuple[type[_Typed], ...] = (
     NotFound,
     UnknownModel,
     SessionNotFound,
+    ReplicaDataLost,
     Conflict,
     ModelExists,
     SessionExists,

@@ -31,6 +31,8 @@ from areal_cli import supervisor
 from areal_cli.private_files import make_dir
 from areal_cli.state import write_private
 
+# areal-proxy's `--lost-data` (areal_proxy.settings), through its environment.
+LOST_DATA_ENV = "AREAL_PROXY_LOST_DATA"
 _PLACEHOLDER = re.compile(r"\{(node_ip|run|logs|data|port:[a-z0-9_-]+)\}")
 READY_POLL = 0.1
 MONITOR_INTERVAL = 0.5
@@ -57,9 +59,18 @@ class UnitHost:
         self.dirs["data"] = (
             Path(data) / unit["service"] if data else base / "data" / self.node_id[:12]
         )
+        fresh = not self.dirs["data"].exists() or not any(self.dirs["data"].iterdir())
         for d in self.dirs.values():
             make_dir(d)
         self.env = dict(unit.get("env") or {})
+        if self.reconstructed and not data and fresh:
+            # Placed again on a node that never held this unit's data: its proxy says so for
+            # every session it does not know (replica_data_lost), not a silent short export.
+            self.env[LOST_DATA_ENV] = (
+                f"unit {unit['name']} of service '{unit['service']}' was placed again on node "
+                f"{self.node_ip} after its node was lost, and what it had recorded there is "
+                "gone (set [scheduler] shared_dir to keep recorded data across node loss)"
+            )
         self.env.update(self._write_tls(unit.get("tls") or {}))
         self.ports: dict[str, int] = {}
         self.phase = "starting"

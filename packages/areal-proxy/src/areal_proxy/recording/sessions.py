@@ -33,6 +33,7 @@ from areal_runtime.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    ReplicaDataLost,
     SessionExists,
     SessionNotFound,
     StorageFull,
@@ -71,8 +72,11 @@ class SessionBook:
         max_live: int = 10_000,
         executor: Executor | None = None,
         retention: float = 0.0,
+        lost_data: str = "",
     ) -> None:
         self.store = store
+        # Why a session may be unknown here beyond a typo: this replica lost what it recorded.
+        self.lost_data = lost_data
         self.ttl = ttl
         # Seconds an ended, exported session's records are kept before `purge` deletes them
         # (0: kept until an export asks for their removal).
@@ -149,11 +153,17 @@ class SessionBook:
 
     # -- authorization ------------------------------------------------------
 
+    def missing(self, session_id: str) -> SessionNotFound:
+        """The error for a session this proxy does not know."""
+        if self.lost_data:
+            return ReplicaDataLost(f"session '{session_id}' not found: {self.lost_data}")
+        return SessionNotFound(f"session '{session_id}' not found")
+
     def authorize(self, session_id: str, key: str, *, for_turn: bool) -> Session:
         """The session `key` may act on, or a ServiceError (401/403/404/409)."""
         s = self.store.session(session_id)
         if s is None:
-            raise SessionNotFound(f"session '{session_id}' not found")
+            raise self.missing(session_id)
         if not key_matches(key, s.key_hash):
             raise Unauthenticated("invalid session key", code="invalid_session_key")
         if s.ended_at is not None:
@@ -250,6 +260,8 @@ class SessionBook:
         if group_id:
             sessions = self.store.sessions_of_group(group_id)
             if not sessions:
+                if self.lost_data:
+                    raise ReplicaDataLost(f"group '{group_id}' not found: {self.lost_data}")
                 raise NotFound(f"group '{group_id}' not found", code="group_not_found")
             if session_ids:
                 wanted = set(session_ids)
@@ -261,7 +273,7 @@ class SessionBook:
         for sid in session_ids:
             s = self.store.session(sid)
             if s is None:
-                raise SessionNotFound(f"session '{sid}' not found")
+                raise self.missing(sid)
             out.append(s)
         return out
 
