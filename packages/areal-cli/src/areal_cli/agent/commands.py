@@ -87,6 +87,21 @@ def run(
         ),
     ] = None,
     supervise: Supervise = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the pairs run: 'local' (this machine) or 'ray' (an existing Ray cluster "
+            "this node belongs to, one pair per bundle; needs areal-cli[ray]; the agent code "
+            "must be at the same path, or installed, on every node) [default: local]."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --scheduler ray: the cluster's HOST:PORT, or 'auto' for the one this "
+            "node runs [default: [scheduler] address, $RAY_ADDRESS, auto]."
+        ),
+    ] = None,
 ) -> None:
     """Start an agent service (router, gateway, N worker/data-proxy pairs) and return."""
     from areal_cli.agent import launch
@@ -110,6 +125,8 @@ def run(
         inf_admin_api_key=inf_admin_api_key,
         inf_model=inf_model,
         supervise=supervise,
+        scheduler=scheduler,
+        ray_address=ray_address,
     )
     raise typer.Exit(launch.run(sc.load_config(GROUP, ctx), opts))
 

@@ -8,6 +8,11 @@ imports), then its data proxy `proxy-<i>` (`areal-proxy --mode agent
 gateway for each pair -> wait until every component is healthy. Then `run`
 returns and the service keeps running.
 
+With `--scheduler ray` the router and gateway still run here (on the CLI's node) and
+the pairs go to the cluster: one placement-group bundle and one detached host actor per
+pair (agent/ray_units.py), each pair's worker on its node's loopback and its proxy on
+the node's address, the service's internal gRPC under mutual TLS.
+
 Every process shares one random AREAL_INTERNAL_TOKEN; the gateway gets
 AREAL_ADMIN_API_KEY and linked proxies AREAL_PROXY_INF_ADMIN_API_KEY, all only
 through the environment. A launch that fails stops everything it started and
@@ -16,6 +21,7 @@ leaves no state.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import secrets
@@ -57,6 +63,7 @@ DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_SESSION_TIMEOUT = 1800.0
 DEFAULT_PORT = 0  # the OS picks; `status --json | jq -r .gateway.url` tells where
 DEFAULT_ROUTING = "session_affinity"  # new sessions by load, then sticky to their pair
+SCHEDULERS = ("local", "ray")
 # Exit code of areal-agent-worker for a bad --agent (its one-line message is the last log line).
 WORKER_USAGE_EXIT = 2
 
@@ -85,6 +92,8 @@ class RunOptions:
     inf_admin_api_key: str | None = None
     inf_model: str | None = None
     supervise: bool | None = None
+    scheduler: str | None = None
+    ray_address: str | None = None
 
 
 @dataclass
@@ -117,6 +126,11 @@ class Plan:
     routing_strategy: str
     inf: InfLink | None
     supervision: dict[str, Any] | None = None
+    scheduler: str = "local"
+    ray_address: str | None = None  # the flag; with ray, run() resolves it into `ray`
+    # --scheduler ray: what is pinned into the state as "ray" (set by run(): [scheduler]
+    # settings, the device resource and the CLI's node, which only the cluster can tell).
+    ray: dict[str, Any] | None = None
 
 
 def _positive(name: str, value: float) -> float:
@@ -171,9 +185,13 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
             f"invalid --routing-strategy '{strategy}' (choose from {', '.join(ROUTING_STRATEGIES)})",
             code=2,
         )
-    scheduler = cfg.get("scheduler", "type") or "local"
-    if scheduler != "local":
-        raise CLIError(f"[scheduler] type '{scheduler}' is not supported (only 'local')", code=2)
+    scheduler = cfg.pick(o.scheduler, "scheduler", "type", "local")
+    if scheduler not in SCHEDULERS:
+        raise CLIError(
+            f"invalid --scheduler '{scheduler}' (choose from {', '.join(SCHEDULERS)})", code=2
+        )
+    if o.ray_address and scheduler != "ray":
+        raise CLIError("--ray-address needs --scheduler ray", code=2)
     key = o.admin_api_key or cfg.get("default", "admin_api_key")
     key_source = "given"
     if not key and o.force:
@@ -197,6 +215,8 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
         routing_strategy=strategy,
         inf=resolve_inf_link(cfg, o),
         supervision=policy_from_config(cfg, o.supervise).to_dict(),
+        scheduler=scheduler,
+        ray_address=o.ray_address,
     )
 
 
@@ -267,9 +287,24 @@ def run(cfg: Config, o: RunOptions) -> int:
     worker_bin = resolve_binary(cfg, "agent_worker")
     if plan.inf is not None and not supervisor.http_ok(plan.inf.gateway_url + "/health", 3.0):
         raise CLIError(f"inference gateway {plan.inf.gateway_url} does not answer GET /health")
+    if plan.scheduler == "ray":
+        from areal_cli.cluster import ray_scheduler
+
+        settings = ray_scheduler.scheduler_settings(cfg, plan.ray_address)
+        # A cluster that is not there fails the command now; the device resource is pinned.
+        ray = ray_scheduler.connect(settings["ray_address"])
+        settings["device_resource"] = ray_scheduler.device_resource(
+            ray, settings["device_resource"]
+        )
+        settings["driver_node"] = ray.util.get_node_ip_address()
+        plan.ray = settings
 
     def start(launcher: Launcher) -> None:
         deadline = launcher.began + plan.setup_timeout
+        if plan.ray is not None:
+            from areal_cli.cluster import ray_scheduler
+
+            ray_scheduler.setup_tls(launcher)
         start_router_gateway(
             launcher,
             router_bin=router_bin,
@@ -282,7 +317,12 @@ def run(cfg: Config, o: RunOptions) -> int:
             gateway_args=["--mode", "agent"],
             timeout=lambda: _left(deadline),
         )
-        _start_pairs(launcher, plan, worker_bin, proxy_bin, deadline)
+        if plan.ray is not None:
+            from areal_cli.agent.ray_units import start_pairs_ray
+
+            start_pairs_ray(launcher, plan, worker_bin, proxy_bin, deadline)
+        else:
+            _start_pairs(launcher, plan, worker_bin, proxy_bin, deadline)
         progress(f"{plan.num_pairs} pair(s) started and registered ({launcher.elapsed():.1f}s)")
         _wait_healthy(launcher, plan, deadline)
 
@@ -318,7 +358,8 @@ def _initial_state(plan: Plan) -> dict[str, Any]:
         "service": plan.service,
         "instance": uuid.uuid4().hex,
         "phase": "starting",
-        "scheduler": "local",
+        "scheduler": plan.scheduler,
+        **({"ray": plan.ray} if plan.ray is not None else {}),
         "created_at": time.time(),
         "owner": self_identity(foreground=False),
         "agent": plan.agent,
@@ -485,10 +526,22 @@ def _wait_healthy(launcher: Launcher, plan: Plan, deadline: float) -> None:
     url = state["gateway"]["url"]
     ids = [p["proxy_id"] for p in state["pairs"]]
     while True:
-        comps = components(state)
+        # On a cluster the hosts' answers fill in a copy (the state records the launch).
+        comps = components(copy.deepcopy(state) if plan.ray is not None else state)
         for p in launcher.procs.values():
             p.poll()
-        dead = [c for c in comps.values() if not c.alive()]
+        # A pair on a cluster whose host is restarting it (or not answering) may come back
+        # before the deadline; only one its host gave up on fails the launch at once.
+        away = [c for c in comps.values() if c.remote and not c.alive()]
+        failed = [c for c in away if (c.meta.get("supervision") or {}).get("state") == "failed"]
+        if failed:
+            c = failed[0]
+            why = ((c.meta.get("supervision") or {}).get("last_failure") or {}).get("reason")
+            raise CLIError(
+                f"{c.name} on node {c.meta.get('node', '?')} failed ({why or 'gave up'}); see "
+                f"`areal agent logs --service {plan.service} --component {c.name}`"
+            )
+        dead = [c for c in comps.values() if not c.remote and not c.alive()]
         if dead:
             c = dead[0]
             proc = launcher.procs.get(c.pid)
@@ -496,7 +549,9 @@ def _wait_healthy(launcher: Launcher, plan: Plan, deadline: float) -> None:
             raise LaunchError(c.name, f"process exited (code {code})", _path(c.log))
         problem = ""
         gw = comps["gateway"]
-        if not gateway_healthy(url, gw.pid):
+        if away:
+            problem = ", ".join(c.name for c in away) + " not running on its node"
+        elif not gateway_healthy(url, gw.pid):
             problem = "gateway does not answer GET /health"
         else:
             health = pair_health(url, plan.admin_api_key, ids)
