@@ -34,9 +34,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.engine]
 class Cli:
     """`areal` run inside node 1, with its own AREAL_HOME."""
 
-    def __init__(self, cluster, home: Path) -> None:
+    def __init__(self, cluster, home: Path, service: str = SERVICE) -> None:
         self.cluster = cluster
         self.home = home
+        self.service = service
         self.areal = shutil.which("areal")
         assert self.areal, "the areal CLI is not on PATH (uv sync)"
 
@@ -51,7 +52,7 @@ class Cli:
         )
 
     def status(self) -> dict:
-        r = self("inf", "status", "--service", SERVICE, "--json")
+        r = self("inf", "status", "--service", self.service, "--json")
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 

@@ -293,9 +293,9 @@ def run(cfg: Config, o: RunOptions) -> int:
         settings = ray_scheduler.scheduler_settings(cfg, plan.ray_address)
         # A cluster that is not there fails the command now; the device resource is pinned.
         ray = ray_scheduler.connect(settings["ray_address"])
-        settings["device_resource"] = ray_scheduler.device_resource(
-            ray, settings["device_resource"]
-        )
+        # An agent pair runs the user's agent code and a proxy, not an engine: one CPU each
+        # unless [scheduler] device_resource says otherwise (never a GPU by default).
+        settings["device_resource"] = settings["device_resource"] or "CPU"
         settings["driver_node"] = ray.util.get_node_ip_address()
         plan.ray = settings
 

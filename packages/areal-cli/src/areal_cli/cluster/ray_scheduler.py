@@ -203,7 +203,7 @@ def refresh(state: dict[str, Any]) -> None:
     remote = {n: d for n, d in comps.items() if (d.get("meta") or {}).get("actor")}
     if not remote:
         return
-    ray = connect(state.get("ray_address", ""))
+    ray = connect((state.get("ray") or {}).get("ray_address", ""))
     infos = unit_infos(ray, [d["meta"]["actor"] for d in remote.values()])
     for d in remote.values():
         meta = d["meta"]
@@ -236,7 +236,7 @@ def refresh(state: dict[str, Any]) -> None:
 
 def read_log(state: dict[str, Any], comp: dict[str, Any], offset: int) -> tuple[bytes, int]:
     meta = comp["meta"]
-    ray = connect(state.get("ray_address", ""))
+    ray = connect((state.get("ray") or {}).get("ray_address", ""))
     actor = get_actor(ray, meta["actor"])
     if actor is None:
         raise CLIError(
