@@ -41,7 +41,11 @@ stage "unit tests" unit_tests
 real_model_tests=(tests/e2e/test_real_model.py tests/e2e/test_real_model_agents.py tests/e2e/test_setup_model.py tests/train/test_smol_grpo.py)
 # --durations: the slowest tests of each e2e stage, to keep the whole run under 45 minutes.
 stage "e2e tests (SGLang engine)" uv run --quiet pytest -q -p no:cacheprovider --durations=12 tests \
-  --ignore=tests/e2e/test_vllm_engine.py "${real_model_tests[@]/#/--ignore=}"
+  --ignore=tests/e2e/test_vllm_engine.py --ignore=tests/cluster "${real_model_tests[@]/#/--ignore=}"
+# A real two-node Ray cluster on this machine (one network + pid namespace per node, root
+# needed): --scheduler ray for inf and agent services, node loss, TLS (docs/cluster.md).
+stage "e2e tests (Ray cluster)" env AREAL_TEST_REQUIRE_RAY=1 \
+  uv run --quiet pytest -q -p no:cacheprovider --durations=8 tests/cluster
 stage "e2e tests (vLLM engine)" env AREAL_TEST_REQUIRE_VLLM=1 \
   uv run --quiet pytest -q -p no:cacheprovider tests/e2e/test_vllm_engine.py
 stage "e2e tests (SmolLM2 engine)" env AREAL_TEST_REQUIRE_REAL_MODEL=1 \

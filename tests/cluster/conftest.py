@@ -1,5 +1,5 @@
 """The `ray_cluster` fixture: a real two-node Ray cluster, one network + pid namespace per
-node (see netns_cluster.py and shared/design/cluster-on-one-machine.md)."""
+node (see netns_cluster.py and docs/cluster.md, "How the tests build a cluster")."""
 
 from __future__ import annotations
 

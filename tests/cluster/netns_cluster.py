@@ -1,6 +1,6 @@
 """A real multi-node Ray cluster on one machine, one network + pid namespace per node.
 
-See shared/design/cluster-on-one-machine.md for the recipe and its rules. In short:
+The recipe was measured on these machines (docs/cluster.md has how the tests use it); its rules:
 
 - a bridge in the root namespace at 198.18.0.1/24 (no uplink, no default route anywhere);
 - node ``i`` (1-based) is a network namespace with a veth on the bridge at 198.18.0.(10+i);

@@ -136,8 +136,10 @@ def test_logs_of_a_remote_worker(svc):
     assert r.stdout.strip(), "no log lines came back from the node"
 
 
-def test_stop_leaves_nothing_on_any_node(svc, ray_cluster):
-    r = svc("agent", "stop", "--service", SERVICE)
+def test_stop_force_leaves_nothing_on_any_node(svc, ray_cluster):
+    # `stop --force` here (the inf e2e stops gracefully): SIGKILL through the hosts, then
+    # the actors and the placement group go.
+    r = svc("agent", "stop", "--service", SERVICE, "--force")
     assert r.returncode == 0, r.stderr
     for i in (1, 2):
         left = [p for p in ray_cluster.pids_in_node(i) if _ours(p)]

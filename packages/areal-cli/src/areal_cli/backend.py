@@ -71,8 +71,7 @@ def parse(spec: str) -> Backend:
 def check_local(backend: Backend) -> None:
     if backend.pp > 1:
         raise CLIError(
-            f"--backend {backend}: pipeline parallelism is not supported by the local "
-            "scheduler (use p1)",
+            f"--backend {backend}: pipeline parallelism is not supported (use p1)",
             code=2,
         )
 

@@ -133,8 +133,13 @@ def spawn(
     host: str = "",
     port: int = 0,
     meta: dict[str, Any] | None = None,
+    die_with_parent: bool = False,
 ) -> tuple[subprocess.Popen, Component]:
-    """Start `argv` in a new process group with output appended to `log`."""
+    """Start `argv` in a new process group with output appended to `log`.
+
+    `die_with_parent`: the child gets SIGKILL when the thread that started it ends
+    (PR_SET_PDEATHSIG), for a parent that may itself be killed without a chance to stop it
+    (a cluster node's host actor)."""
     full_env = {**os.environ, **(env or {})}
     with open_append(log) as out:
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}\n".encode())
@@ -148,6 +153,7 @@ def spawn(
                 cwd=cwd,
                 start_new_session=True,
                 umask=CHILD_UMASK,
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         except FileNotFoundError as e:
             raise LaunchError(name, f"executable not found: {argv[0]}") from e
@@ -158,6 +164,13 @@ def spawn(
         name, proc.pid, proc.pid, start, list(argv), str(log), host, port, dict(meta or {})
     )
     return proc, comp
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def read_ready_file(path: Path) -> dict | None:

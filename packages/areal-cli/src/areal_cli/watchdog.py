@@ -487,11 +487,12 @@ class Watchdog:
                 node = c.meta.get("node", "")
                 for name, d in cur["components"].items():
                     m = d.get("meta") or {}
-                    if m.get("actor") == c.meta["actor"]:
-                        m["node"] = node
-                        m["node_id"] = s["components"][name]["meta"].get("node_id")
-                        m["moves"] = int(m.get("moves", 0)) + 1
-                        d["host"] = node
+                    if m.get("actor") != c.meta["actor"]:
+                        continue
+                    now_id = s["components"][name]["meta"].get("node_id")
+                    if now_id and now_id != m.get("node_id"):
+                        m["moves"] = int(m.get("moves", 0)) + 1  # another node, not a restart
+                    m["node"], m["node_id"], d["host"] = node, now_id, node
                 rec["meta"]["address"] = address
                 rec["port"] = int(address.rsplit(":", 1)[1])
             st.save(self.group, self.service, cur)

@@ -173,6 +173,7 @@ def _unit(
         "shared_dir": sched.get("shared_dir") or "",
         "env": {},
         "tls": tls,
+        "supervision": launcher.state.get("supervision") or {},
         "needs": [
             ("the areal-agent-worker binary", worker_bin),
             ("the areal-proxy binary", proxy_bin),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_cli import supervisor
-from areal_cli.private_files import make_dir
+from areal_cli.private_files import make_dir, open_append
 from areal_cli.state import write_private
 
 # areal-proxy's `--lost-data` (areal_proxy.settings), through its environment.
@@ -36,9 +36,15 @@ LOST_DATA_ENV = "AREAL_PROXY_LOST_DATA"
 _PLACEHOLDER = re.compile(r"\{(node_ip|run|logs|data|port:[a-z0-9_-]+)\}")
 READY_POLL = 0.1
 MONITOR_INTERVAL = 0.5
-# A process that dies is restarted at most this many times per window, with a backoff.
-MAX_RESTARTS, RESTART_WINDOW = 5, 300.0
-BACKOFF_INITIAL, BACKOFF_MAX = 1.0, 30.0
+# A process that dies is restarted at most `max_restarts` times per `window` seconds, with a
+# backoff: the service's [supervision] (areal_cli.watchdog.Policy), these when not given.
+DEFAULT_POLICY = {
+    "enabled": True,
+    "max_restarts": 5,
+    "window": 600.0,
+    "backoff_initial": 0.5,
+    "backoff_max": 30.0,
+}
 
 
 class UnitHost:
@@ -57,7 +63,9 @@ class UnitHost:
         # Without a shared directory a unit's data belongs to its node: a unit placed again on
         # another node starts empty (and says so), never on a copy it cannot have.
         self.dirs["data"] = (
-            Path(data) / unit["service"] if data else base / "data" / self.node_id[:12]
+            Path(data) / unit["group"] / unit["service"]
+            if data
+            else base / "data" / self.node_id[:12]
         )
         fresh = not self.dirs["data"].exists() or not any(self.dirs["data"].iterdir())
         for d in self.dirs.values():
@@ -72,6 +80,7 @@ class UnitHost:
                 "gone (set [scheduler] shared_dir to keep recorded data across node loss)"
             )
         self.env.update(self._write_tls(unit.get("tls") or {}))
+        self.policy = {**DEFAULT_POLICY, **(unit.get("supervision") or {})}
         self.ports: dict[str, int] = {}
         self.phase = "starting"
         self.error = ""
@@ -135,7 +144,9 @@ class UnitHost:
         self._thread.join(timeout=5)
         with self._lock:
             comps = [p["comp"] for p in reversed(self.procs.values())]
-        supervisor.terminate([[c] for c in comps], grace=grace, force=force)
+            popens = {p["proc"].pid: p["proc"] for p in self.procs.values()}
+        # With our Popen objects, so that what exits is reaped (no zombies in the actor).
+        supervisor.terminate([[c] for c in comps], grace=grace, force=force, procs=popens)
         return [c.name for c in comps if supervisor.group_alive(c)]
 
     # -- the body --------------------------------------------------------
@@ -156,18 +167,27 @@ class UnitHost:
         name = spec["name"]
         argv = [self._fill(a) for a in spec["argv"]]
         env = {k: self._fill(v) for k, v in {**self.env, **(spec.get("env") or {})}.items()}
+        log = self.dirs["logs"] / f"{name}.log"
         if spec.get("loopback_preload"):
             from areal_cli import loopback
 
-            preload, _why = loopback.shim()
+            preload, why = loopback.shim()
             if preload:
                 env = loopback.with_preload(env, preload)
-        log = self.dirs["logs"] / f"{name}.log"
+            else:  # said where the operator looks: this component's log
+                with open_append(log) as out:
+                    out.write(
+                        f"warning: {why}; the engine may listen on a wildcard address\n".encode()
+                    )
         ready = spec.get("ready") or {}
         if ready.get("file"):
             with contextlib.suppress(FileNotFoundError):
                 (self.dirs["run"] / f"{name}.ready").unlink()
-        proc, comp = supervisor.spawn(name, argv, log, env=env, cwd=spec.get("cwd"))
+        # The host's Ray worker may be killed outright (ray.kill, a crash): its processes go
+        # with it rather than run on beside the host Ray starts again.
+        proc, comp = supervisor.spawn(
+            name, argv, log, env=env, cwd=spec.get("cwd"), die_with_parent=True
+        )
         entry = self.procs.get(name) or {"restarts": 0, "history": []}
         entry.update(comp=comp, proc=proc, spec=spec, state="starting")
         with self._lock:
@@ -214,18 +234,22 @@ class UnitHost:
         while not self._stopping.wait(MONITOR_INTERVAL):
             for entry in list(self.procs.values()):
                 proc = entry["proc"]
+                if entry["state"] in ("failed", "dead"):
+                    continue  # out of restarts (or not supervised): stays down, says so
                 if proc.poll() is None or self._stopping.is_set():
                     continue
                 now = time.time()
-                entry["history"] = [t for t in entry["history"] if now - t < RESTART_WINDOW]
+                window = self.policy["window"]
+                entry["history"] = [t for t in entry["history"] if now - t < window]
                 entry["last_failure"] = {
                     "at": now,
                     "reason": f"exited with code {proc.returncode}",
                 }
-                if len(entry["history"]) >= MAX_RESTARTS:
-                    entry["state"] = "failed"
+                pol = self.policy
+                if not pol["enabled"] or len(entry["history"]) >= pol["max_restarts"]:
+                    entry["state"] = "failed" if pol["enabled"] else "dead"
                     continue
-                delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** len(entry["history"]))
+                delay = min(pol["backoff_max"], pol["backoff_initial"] * 2 ** len(entry["history"]))
                 entry["state"] = "restarting"
                 if self._stopping.wait(delay):
                     return

@@ -38,6 +38,12 @@ def import_ray() -> Any:
 
 def connect(address: str) -> Any:
     """The `ray` module, connected to the cluster at `address` ("auto": the local one)."""
+    if address.startswith("ray://"):
+        raise CLIError(
+            f"a Ray Client address ('{address}') is not supported: run areal on a node of the "
+            "cluster and give the cluster's HOST:PORT (or 'auto')",
+            code=2,
+        )
     ray = import_ray()
     if ray.is_initialized():
         return ray

@@ -167,6 +167,7 @@ def _unit(
         "shared_dir": sched.get("shared_dir") or "",
         "env": {},
         "tls": tls,
+        "supervision": launcher.state.get("supervision") or {},
         "needs": [
             (f"the {spec.backend.engine} engine's python", spec.python),
             ("the model folder", spec.model_path),
