@@ -250,8 +250,9 @@ def test_internal_ports_refuse_plaintext_and_a_client_without_the_token(svc, ray
     # The RL test's sessions went round robin: node 2's proxy holds some of them, so what
     # that test exported came (in part) from the remote replica.
     assert got.sessions >= 1, got
-    # No server of the service listens on a wildcard address on either node. (Ray 2.60's
-    # own gRPC servers do, the core worker inside any Ray driver included: docs/cluster.md.)
+    # Nothing the service runs listens on a wildcard address on either node, the watchdog
+    # included (it reads the hosts' published state without becoming a Ray driver). Ray
+    # 2.60's own gRPC servers do, the core worker inside a driver included: docs/cluster.md.
     for i in (1, 2):
         out = ray_cluster.run(i, [sys.executable, "-c", _WILDCARD_LISTENERS], timeout=30).stdout
         assert json.loads(out) == [], out
@@ -499,7 +500,8 @@ for line in out.splitlines():
         continue
     for pid in re.findall(r"pid=(\d+)", line):
         cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        if any(s in cmd for s in (b"areal-proxy", b"areal-gateway", b"areal-router", b"sglang")):
+        ours = (b"areal-proxy", b"areal-gateway", b"areal-router", b"areal_cli.watchdog", b"sglang")
+        if any(s in cmd for s in ours):
             bad.append([local, cmd.decode(errors="replace")[:200]])
 print(json.dumps(bad))
 """

@@ -297,6 +297,7 @@ def run(cfg: Config, o: RunOptions) -> int:
         # unless [scheduler] device_resource says otherwise (never a GPU by default).
         settings["device_resource"] = settings["device_resource"] or "CPU"
         settings["driver_node"] = ray.util.get_node_ip_address()
+        settings["gcs_address"] = ray.get_runtime_context().gcs_address
         plan.ray = settings
 
     def start(launcher: Launcher) -> None:

@@ -20,6 +20,7 @@ backoff and a budget, like the local watchdog.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -36,6 +37,11 @@ LOST_DATA_ENV = "AREAL_PROXY_LOST_DATA"
 _PLACEHOLDER = re.compile(r"\{(node_ip|run|logs|data|port:[a-z0-9_-]+)\}")
 READY_POLL = 0.1
 MONITOR_INTERVAL = 0.5
+# The host's info() goes to Ray's GCS key-value store under its actor name this often, so
+# that `status` and the watchdog read it without becoming Ray drivers (areal_cli.cluster.
+# ray_scheduler.published_infos); a copy from a node Ray marked dead is a lost host.
+PUBLISH_INTERVAL = 2.0
+KV_NAMESPACE = "areal"
 # A process that dies is restarted at most `max_restarts` times per `window` seconds, with a
 # backoff: the service's [supervision] (areal_cli.watchdog.Policy), these when not given.
 DEFAULT_POLICY = {
@@ -90,6 +96,8 @@ class UnitHost:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="unit-host", daemon=True)
         self._thread.start()
+        self._publisher = threading.Thread(target=self._publish_loop, name="unit-info", daemon=True)
+        self._publisher.start()
 
     # -- queries ---------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -158,8 +166,10 @@ class UnitHost:
                     return
                 self._start(spec, first=True)
             self.phase = "ready"
+            self._publish()
         except Exception as e:  # reported through info(); the CLI fails the launch with it
             self.phase, self.error = "failed", str(e)
+            self._publish()
             return
         self._monitor()
 
@@ -261,6 +271,22 @@ class UnitHost:
                     self._start(entry["spec"], first=False)
                 except Exception as e:
                     entry["last_failure"] = {"at": time.time(), "reason": str(e)[:500]}
+
+    def _publish_loop(self) -> None:
+        while not self._stopping.wait(PUBLISH_INTERVAL):
+            self._publish()
+
+    def _publish(self) -> None:
+        key = self.unit.get("actor")
+        if not key or self._stopping.is_set():
+            return
+        try:
+            from ray.experimental.internal_kv import _internal_kv_put
+
+            doc = {**self.info(), "published_at": time.time()}
+            _internal_kv_put(key, json.dumps(doc), overwrite=True, namespace=KV_NAMESPACE)
+        except Exception:  # the next round tries again; info() answers meanwhile
+            pass
 
     # -- helpers ---------------------------------------------------------
     def _fill(self, value: str) -> str:

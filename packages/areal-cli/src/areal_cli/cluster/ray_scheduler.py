@@ -143,7 +143,7 @@ def start_unit(
         opts["num_gpus"] = per_unit
     else:
         opts["resources"] = {resource: per_unit}
-    return ray.remote(UnitHost).options(**opts).remote(unit)
+    return ray.remote(UnitHost).options(**opts).remote({**unit, "actor": name})
 
 
 def wait_units(ray: Any, actors: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
@@ -188,7 +188,8 @@ def get_actor(ray: Any, name: str) -> Any | None:
 
 
 def unit_infos(ray: Any, names: Iterable[str]) -> dict[str, dict[str, Any] | None]:
-    """Each host's info, None for a host that is gone or not answering (being placed again)."""
+    """Each host's info asked of the host itself (a driver's call), None for a host that is
+    gone or not answering (being placed again)."""
     refs = {}
     for n in set(names):
         actor = get_actor(ray, n)
@@ -203,14 +204,52 @@ def unit_infos(ray: Any, names: Iterable[str]) -> dict[str, dict[str, Any] | Non
     return out
 
 
+def published_infos(gcs: str, names: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+    """Each host's info as it last published it to the GCS (host.PUBLISH_INTERVAL), read
+    with a plain GCS client: no `ray.init`, so the reader (`status`, the watchdog) runs no
+    Ray core worker and opens no listening socket. None for a host that has published
+    nothing yet or whose node is dead (it is being placed again, or gone)."""
+    import json
+
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled; 2.60 has it
+
+    from areal_cli.cluster.host import KV_NAMESPACE
+
+    names = list(names)
+    try:
+        client = GcsClient(address=gcs)
+        values = client.internal_kv_multi_get(
+            [n.encode() for n in names], KV_NAMESPACE.encode(), timeout=INFO_TIMEOUT
+        )
+        alive = {
+            node_id.hex()
+            for node_id, node in client.get_all_node_info(timeout=INFO_TIMEOUT).items()
+            if node.state == 0
+        }
+    except Exception as e:
+        raise CLIError(f"cannot read the Ray cluster's state at {gcs}: {e}") from None
+    out: dict[str, dict[str, Any] | None] = {}
+    for n in names:
+        raw = values.get(n.encode())
+        info: dict[str, Any] | None = json.loads(raw) if raw else None
+        # A copy from a dead node is a host being placed again (or gone). Its age is not
+        # compared: the nodes' clocks need not agree with this one.
+        out[n] = info if info is not None and info["node_id"] in alive else None
+    return out
+
+
 def refresh(state: dict[str, Any]) -> None:
     """Fill each remote component's meta with what its host says now (in memory only)."""
     comps = state.get("components") or {}
     remote = {n: d for n, d in comps.items() if (d.get("meta") or {}).get("actor")}
     if not remote:
         return
-    ray = connect((state.get("ray") or {}).get("ray_address", ""))
-    infos = unit_infos(ray, [d["meta"]["actor"] for d in remote.values()])
+    names = [d["meta"]["actor"] for d in remote.values()]
+    sched = state.get("ray") or {}
+    if sched.get("gcs_address"):
+        infos = published_infos(sched["gcs_address"], names)
+    else:  # a state pinned before hosts published their info
+        infos = unit_infos(connect(sched.get("ray_address", "")), names)
     for d in remote.values():
         meta = d["meta"]
         info = infos.get(meta["actor"])
@@ -287,11 +326,16 @@ def stop_actors(ray: Any, names: Iterable[str], *, grace: float, force: bool) ->
             ray.get(ref, timeout=(5 if force else grace) + 15)
         except Exception:
             pass  # killed below either way
-    for a in actors.values():
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    from areal_cli.cluster.host import KV_NAMESPACE
+
+    for n, a in actors.items():
         try:
             ray.kill(a, no_restart=True)
         except Exception:
             pass
+        _internal_kv_del(n, namespace=KV_NAMESPACE)
     deadline = time.monotonic() + 15
     left = list(actors)
     while left and time.monotonic() < deadline:

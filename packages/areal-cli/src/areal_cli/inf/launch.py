@@ -349,6 +349,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             ray, ray_settings["device_resource"]
         )
         ray_settings["driver_node"] = ray.util.get_node_ip_address()
+        ray_settings["gcs_address"] = ray.get_runtime_context().gcs_address
     host = cfg.pick(o.host, "launch", "gateway_host", "127.0.0.1")
     port = int(cfg.pick(o.port, "launch", "gateway_port", DEFAULT_PORT))
     if not 0 <= port <= 65535:
