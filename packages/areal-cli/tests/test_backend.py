@@ -45,9 +45,7 @@ def test_bad_specs(spec, needle):
 
 
 def test_pipeline_parallel_is_refused_locally():
-    with pytest.raises(
-        CLIError, match="pipeline parallelism is not supported"
-    ):
+    with pytest.raises(CLIError, match="pipeline parallelism is not supported"):
         bk.allocate(bk.parse("sglang:d1p2"), [0, 1, 2, 3], [])
 
 
