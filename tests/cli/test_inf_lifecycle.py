@@ -120,7 +120,7 @@ def test_missing_binary(areal, tmp_path):
 @pytest.mark.parametrize(
     ("backend", "needle"),
     [
-        ("sglang:d1p2", "pipeline parallelism is not supported by the local scheduler"),
+        ("sglang:d1p2", "pipeline parallelism is not supported (use p1)"),
         ("tgi:d1", "unknown engine 'tgi'"),
         ("sglang:z3", "cannot parse 'z3'"),
     ],
