@@ -172,7 +172,7 @@ class Load:
             self.acked.setdefault(sid, []).append(r.json().get("id", ""))
 
 
-def _export_with_retry(c: httpx.Client, sids: list[str], patience: float = 90.0) -> httpx.Response:
+def _export_with_retry(c: httpx.Client, sids: list[str], patience: float = 180.0) -> httpx.Response:
     # On a loaded machine the watchdog may be restarting a component (the gateway among
     # them) when the row ends; a refused connection then is an outage, not a lost row.
     deadline = time.monotonic() + patience
@@ -269,6 +269,12 @@ def run_row(
     lost: int | str = "n/a"
     acked = sum(len(v) for v in load.acked.values())
     if group == "inf":
+        # The export reads what the service kept, once it is whole again: on a loaded machine
+        # the watchdog may still be restarting a component the row's fault took down with it
+        # (a gateway probed as hung while the stopped proxy held its calls).
+        settle = time.monotonic() + row_timeout
+        while time.monotonic() < settle and not healthy(a, group, url):
+            time.sleep(0.5)
         ids = exported_ids(url, list(load.acked))
         lost = sum(1 for v in load.acked.values() for i in v if i not in ids)
     restarts = (
