@@ -431,13 +431,8 @@ def _start_pairs(
         launcher.update(comp, port=int(info["port"]), address=address)
     launcher.save()
 
-    penv = dict(launcher.env)
-    link: list[str] = []
-    if plan.inf is not None:
-        penv["AREAL_PROXY_INF_ADMIN_API_KEY"] = plan.inf.admin_api_key
-        link = ["--inf-gateway-url", plan.inf.gateway_url]
-        if plan.inf.model:
-            link += ["--inf-model", plan.inf.model]
+    link_env, link = inf_link(plan)
+    penv = {**launcher.env, **link_env}
     waits, pinfos = [], []
     for pair in state["pairs"]:
         ready = launcher.ready_file(pair["proxy"])
@@ -467,6 +462,17 @@ def _start_pairs(
         register_pair(url, plan.admin_api_key, pair["proxy_id"], pair["address"])
         pair["registered"] = True
     launcher.save()
+
+
+def inf_link(plan: Plan) -> tuple[dict[str, str], list[str]]:
+    """What an agent proxy needs to reach a linked inference service: its environment (the
+    inference admin key, never argv) and its flags; nothing without `--inf-service`."""
+    if plan.inf is None:
+        return {}, []
+    link = ["--inf-gateway-url", plan.inf.gateway_url]
+    if plan.inf.model:
+        link += ["--inf-model", plan.inf.model]
+    return {"AREAL_PROXY_INF_ADMIN_API_KEY": plan.inf.admin_api_key}, link
 
 
 def _wait_workers(launcher: Launcher, waits: list, deadline: float) -> None:

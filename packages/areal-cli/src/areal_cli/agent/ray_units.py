@@ -18,12 +18,12 @@ import re
 import time
 from typing import Any
 
-from areal_cli import state as st
 from areal_cli.agent.launch import (
     WORKER_USAGE_EXIT,
     Plan,
     _common_args,
     _left,
+    inf_link,
     register_pair,
     worker_env,
 )
@@ -52,17 +52,10 @@ def start_pairs_ray(
     n = plan.num_pairs
     progress(f"placing {n} agent pair(s) on the Ray cluster ({PER_PAIR} {resource} each)")
     pg = rs.place(ray, pg_name, n, PER_PAIR, resource, _left(deadline))
-    secrets = st.load_secrets(GROUP, launcher.service)
-    tls = {k: secrets[f"tls_{k}"] for k in ("ca_cert", "cert", "key") if f"tls_{k}" in secrets}
+    tls = rs.service_tls(GROUP, launcher.service)
     # The worker's PYTHONPATH is the caller's, its cwd first: without the local env.
     wenv = worker_env({}, state["cwd"])
-    penv = {}
-    link: list[str] = []
-    if plan.inf is not None:
-        penv["AREAL_PROXY_INF_ADMIN_API_KEY"] = plan.inf.admin_api_key
-        link = ["--inf-gateway-url", plan.inf.gateway_url]
-        if plan.inf.model:
-            link += ["--inf-model", plan.inf.model]
+    penv, link = inf_link(plan)
     common_args = _common_args(plan)
     actors = {}
     for i in range(n):
@@ -164,21 +157,15 @@ def _unit(
     proxy_argv += ["--ready-file", "{run}/" + proxy + ".ready", *common_args]
     proxy_argv += ["--worker-addr", "127.0.0.1:{port:worker}", "--proxy-id", pair["proxy_id"]]
     proxy_argv += ["--session-timeout", f"{plan.session_timeout:g}", *link]
-    sched = launcher.state["ray"]
-    return {
-        "group": GROUP,
-        "service": launcher.service,
-        "name": f"pair-{pair['index']}",
-        "base_dir": str(st.group_dir(GROUP) / "ray"),
-        "shared_dir": sched.get("shared_dir") or "",
-        "env": {},
-        "tls": tls,
-        "supervision": launcher.state.get("supervision") or {},
-        "needs": [
+    return rs.unit_doc(
+        launcher,
+        f"pair-{pair['index']}",
+        tls,
+        needs=[
             ("the areal-agent-worker binary", worker_bin),
             ("the areal-proxy binary", proxy_bin),
         ],
-        "processes": [
+        processes=[
             {
                 "name": worker,
                 # The internal token too: the worker's gRPC server checks it.
@@ -197,7 +184,7 @@ def _unit(
                 "address_port": "proxy",
             },
         ],
-    }
+    )
 
 
 def _agent_load_error(e: CLIError) -> CLIError:

@@ -116,6 +116,39 @@ def place(ray: Any, name: str, count: int, per_unit: int, resource: str, timeout
     return pg
 
 
+def service_tls(group: str, service: str) -> dict[str, str]:
+    """The service's CA, certificate and key (PEM) from its 0600 secrets, for its hosts."""
+    from areal_cli import state as st
+
+    secrets = st.load_secrets(group, service)
+    return {k: secrets[f"tls_{k}"] for k in ("ca_cert", "cert", "key") if f"tls_{k}" in secrets}
+
+
+def unit_doc(
+    launcher: Any,
+    name: str,
+    tls: dict[str, str],
+    needs: list[tuple[str, str]],
+    processes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What a host is given (host.UnitHost): what every unit of the service shares (its
+    folders, shared_dir, TLS and [supervision] policy), and this unit's needs and processes."""
+    from areal_cli import state as st
+
+    return {
+        "group": launcher.group,
+        "service": launcher.service,
+        "name": name,
+        "base_dir": str(st.group_dir(launcher.group) / "ray"),
+        "shared_dir": launcher.state["ray"].get("shared_dir") or "",
+        "env": {},
+        "tls": tls,
+        "supervision": launcher.state.get("supervision") or {},
+        "needs": needs,
+        "processes": processes,
+    }
+
+
 def start_unit(
     ray: Any, pg: Any, index: int, name: str, unit: dict[str, Any], resource: str, per_unit: int
 ) -> Any:

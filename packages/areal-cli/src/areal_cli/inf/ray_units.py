@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from areal_cli import engines
-from areal_cli import state as st
 from areal_cli.cluster import ray_scheduler as rs
 from areal_cli.launcher import Launcher, progress
 from areal_cli.supervisor import Component
@@ -52,8 +51,7 @@ def start_model_ray(
     pg = rs.place(
         ray, record["placement_group"], dp, per_unit, resource, opts["launch_timeout"] + 30
     )
-    secrets = st.load_secrets(GROUP, launcher.service)
-    tls = {k: secrets[f"tls_{k}"] for k in ("ca_cert", "cert", "key") if f"tls_{k}" in secrets}
+    tls = rs.service_tls(GROUP, launcher.service)
     actors = {}
     for rank in range(dp):
         worker, proxy = f"{spec.name}-worker-{rank}", f"{spec.name}-data-proxy-{rank}"
@@ -158,23 +156,17 @@ def _unit(
         "{data}/" + proxy + ".sqlite",
         *shlex.split(spec.proxy_args),
     ]
-    sched = launcher.state["ray"]
-    return {
-        "group": GROUP,
-        "service": launcher.service,
-        "name": f"{spec.name}-{worker.rsplit('-', 1)[1]}",
-        "base_dir": str(st.group_dir(GROUP) / "ray"),
-        "shared_dir": sched.get("shared_dir") or "",
-        "env": {},
-        "tls": tls,
-        "supervision": launcher.state.get("supervision") or {},
-        "needs": [
+    return rs.unit_doc(
+        launcher,
+        f"{spec.name}-{worker.rsplit('-', 1)[1]}",
+        tls,
+        needs=[
             (f"the {spec.backend.engine} engine's python", spec.python),
             ("the model folder", spec.model_path),
             ("the tokenizer folder", spec.tokenizer_path),
             ("the areal-proxy binary", proxy_bin),
         ],
-        "processes": [
+        processes=[
             {
                 "name": worker,
                 "argv": launch.argv,
@@ -193,4 +185,4 @@ def _unit(
                 "address_port": "proxy",
             },
         ],
-    }
+    )
