@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from areal_gateway.clients import ProxyPool, ProxyUnreachable
-from areal_gateway.clients.proxy import WINDOW
+from areal_gateway.clients.proxy import SHARED_STREAM_MAX_BODY, WINDOW
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.errors import ServiceError
@@ -181,6 +181,43 @@ async def test_streams_off_means_one_call_per_request():
         assert fake.streams == 0
     finally:
         await pool.close()
+        await server.stop(0)
+
+
+class Both(Scripted):
+    """Generate as `Scripted("ok")`, and the per-call RPCs, recording the body sizes each got."""
+
+    def __init__(self) -> None:
+        super().__init__("ok")
+        self.call_bodies: list[int] = []
+
+    async def ChatCompletion(self, request: Any, context: Any) -> Any:
+        self.call_bodies.append(len(request.body))
+        return envelope_pb2.OpenAIResponse(body=b'{"unary":true}')
+
+    async def ChatCompletionStream(self, request: Any, context: Any) -> Any:
+        self.call_bodies.append(len(request.body))
+        yield envelope_pb2.StreamChunk(data=b'{"unary":1}')
+
+
+async def test_a_big_body_takes_a_call_of_its_own_not_the_shared_stream(pool: ProxyPool):
+    # A frame of megabytes on the shared stream would hold every small request behind it.
+    fake = Both()
+    server, address = await _serve(fake)
+    try:
+        client = pool.get(address)
+        big = _request()
+        big.body = b" " * (SHARED_STREAM_MAX_BODY + 1)
+        big_stream = _request(True)
+        big_stream.body = big.body
+        small = await client.chat_completion(_request(), 5)
+        assert await client.chat_completion(big, 5) == b'{"unary":true}'
+        chunks = [c async for b in client.chat_completion_stream(big_stream, 5) for c in b]
+        assert chunks == [b'{"unary":1}']
+        assert small == b'{"whole":true}'
+        assert fake.call_bodies == [SHARED_STREAM_MAX_BODY + 1] * 2
+        assert fake.streams == 1  # the small request's
+    finally:
         await server.stop(0)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -241,3 +243,61 @@ class _Spy:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+# --- the prompt screen: huge prompts that cannot fit, refused from a child process ----------
+
+
+def _huge_words(chars: int) -> str:
+    return " ".join(f"w{i % 977}x{i % 13}" for i in range(chars // 8))[:chars]
+
+
+async def test_a_huge_prompt_that_cannot_fit_is_refused_without_this_process_tokenizing_it():
+    # 1.2 MB of text is ~500 k tokens here: the length bound cannot rule it out against a
+    # context of 200 k, so before the screen the proxy tokenized it on its own GIL.
+    h = await start(FakeEngineClient([5, EOS]), context_length=200_000)
+    try:
+        calls = []
+        encode = h.tok.encode
+        h.tok.encode = lambda text, **kw: calls.append(len(text)) or encode(text, **kw)
+        text = _huge_words(1_200_000)
+        assert h.tok.min_tokens(text) < 200_000
+        for rpc, body, param in (
+            (h.stub.ChatCompletion, {"messages": [{"role": "user", "content": text}]}, "messages"),
+            (h.stub.Completion, {"prompt": ["hi", text]}, "prompt[1]"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await rpc(request(body))
+            d = error_detail(info.value)
+            assert (d.http_status, d.code, d.param) == (400, "context_length_exceeded", param)
+            assert "context length is 200000" in d.message
+        assert calls == [], "this process tokenized a prompt the screen had refused"
+        assert h.server.screen.pid is not None and h.server.screen.pid != os.getpid()
+        assert h.engine.requests == []
+    finally:
+        await h.close()
+    assert h.server.screen.pid is None, "the screen outlived the proxy's shutdown"
+
+
+async def test_a_huge_prompt_that_fits_and_a_dead_screen_go_on_as_before():
+    h = await start(FakeEngineClient([5, EOS]), context_length=1_000_000)
+    try:
+        text = _huge_words(400_000)  # fits a context of 1 M
+        body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+        r = await h.chat(body)
+        assert r["choices"][0]["finish_reason"] and r["usage"]["prompt_tokens"] > 100_000
+        first = h.server.screen.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        # The screen is gone: the proxy checks the prompt itself, and the next huge one
+        # starts a new screen.
+        r = await h.chat(body)
+        assert r["choices"][0]["finish_reason"]
+        r = await h.chat(body)
+        assert h.server.screen.pid not in (None, first)
+        # A malformed huge body gets the proxy's own answer, not the screen's.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await h.stub.ChatCompletion(request(b'{"messages": 5, "x": "' + b"y" * 300_000 + b'"}'))
+        assert error_detail(info.value).http_status == 400
+    finally:
+        await h.close()

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from areal_gateway.auth import bearer_key
 from areal_gateway.metrics import endpoint_label
+from areal_gateway.openai import screen
 from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
 from areal_gateway.openai.errors import error_body
@@ -37,6 +38,7 @@ from areal_gateway.openai.responses import endpoint as responses
 from areal_gateway.openai.responses.store import ResponseStore
 from areal_gateway.runtime import Gateway
 from areal_runtime.errors import InternalError, PayloadTooLarge, ServiceError
+from areal_runtime.offload import OffloadFailed
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class GenerationFastPath:
         self._status: dict[tuple[str, int], Any] = {}
         # What `previous_response_id` continues, in this process (responses/store.py).
         self.responses = ResponseStore()
+        self.screen_min_body = screen.SCREEN_MIN_BODY
 
     # Same series as MetricsMiddleware (one child lookup per label, then cached).
     def _metrics(self, label: str) -> tuple[Any, Any]:
@@ -162,6 +165,21 @@ class GenerationFastPath:
                 rid = value.decode("latin-1")
         principal = gw.auth.authenticate(bearer_key(auth))
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
+        if endpoint is not responses.RESPONSES and len(body) > self.screen_min_body:
+            found = await self._screened(endpoint, body)
+            if found is not None:
+                model, stream, prefix = found
+                return GenerationResponse(
+                    gw,
+                    endpoint,
+                    principal,
+                    choose_request_id(rid),
+                    model,
+                    stream,
+                    body,
+                    None,
+                    prefix,
+                )
         doc = parse_object(body)
         if endpoint is responses.RESPONSES:
             return responses.prepare(gw, self.responses, principal, choose_request_id(rid), doc)
@@ -170,6 +188,20 @@ class GenerationFastPath:
         return GenerationResponse(
             gw, endpoint, principal, choose_request_id(rid), model, stream, body, doc
         )
+
+    async def _screened(
+        self, endpoint: Endpoint, body: bytes
+    ) -> tuple[str, bool, list[int]] | None:
+        """What the screen read from a huge body (or the error it found), None if it failed:
+        the caller then parses the body itself."""
+        kind = screen.CHAT if endpoint is CHAT else screen.COMPLETION
+        try:
+            assert self.gateway is not None
+            raw = await self.gateway.screen.call(kind, body)
+        except OffloadFailed as exc:
+            log.warning("body screen: %s; parsing the body here", exc)
+            return None
+        return screen.answer_of(raw)
 
 
 async def _whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

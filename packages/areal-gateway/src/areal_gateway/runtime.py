@@ -23,6 +23,7 @@ from areal_gateway.metrics import Metrics
 from areal_gateway.routing import RouteTable
 from areal_gateway.settings import SESSION_KEY_SECRET_ENV, Settings
 from areal_runtime.errors import InternalAuthFailed, ServiceError
+from areal_runtime.offload import Offload
 from areal_runtime.session_keys import SessionKeys
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class Gateway:
         )
         self.metrics = Metrics()
         self.draining = False
+        # Huge generation bodies are parsed in a child process (openai/screen.py), started
+        # when the first one arrives.
+        self.screen = Offload("areal_gateway.openai.screen:make", {}, name="body screen")
         self._router: RouterClient | None = None
         self._proxies: ProxyPool | None = None
         self._catalog: ModelCatalog | None = None
@@ -123,6 +127,7 @@ class Gateway:
             log.warning("router %s: start-up probe failed: %s", self.settings.router_addr, exc)
 
     async def aclose(self, grace: float | None = None) -> None:
+        await self.screen.close()
         if self._closed or self._router is None:
             self._closed = True
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
@@ -35,12 +36,18 @@ from areal_proxy.output_parsing import (
     make_output_parser,
 )
 from areal_proxy.recorder import OpenTurn, Recorder
+from areal_proxy.screen import CHAT as SCREEN_CHAT
+from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
+from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime.errors import InvalidRequest
+from areal_runtime.offload import Offload, OffloadFailed
 
 # max_tokens when neither the request nor the model says how long an answer may be.
 FALLBACK_MAX_TOKENS = 4096
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -72,6 +79,8 @@ class InferenceHandler:
         controller: GenerationController,
         recorder: Recorder | None = None,
         executor: Executor | None = None,
+        screen: Offload | None = None,
+        screen_min_body: int = SCREEN_MIN_BODY,
     ) -> None:
         self.recorder = recorder
         self.config = config
@@ -84,6 +93,23 @@ class InferenceHandler:
         # prompt of megabytes takes seconds (the tokenizers library releases the GIL while
         # it encodes, so the loop runs meanwhile).
         self.executor = executor
+        # Huge bodies are first shown to a child process that refuses a prompt the context
+        # cannot hold, without this process touching the body (screen.py).
+        self.screen = screen
+        self.screen_min_body = screen_min_body
+
+    async def _screened(self, kind: bytes, body: bytes) -> None:
+        """Refuse a huge body whose prompt cannot fit, on the screen's word; anything else
+        (and a screen that failed) goes on to this proxy's own checks."""
+        if self.screen is None or len(body) <= self.screen_min_body or not self.context_length:
+            return
+        try:
+            answer = orjson.loads(await self.screen.call(kind, body))
+        except OffloadFailed as exc:
+            log.warning("prompt screen: %s; checking the prompt here", exc)
+            return
+        if "tokens" in answer:
+            raise self._too_long(answer["tokens"], answer["param"], at_least=not answer["exact"])
 
     async def _off_loop(self, heavy: bool, fn: Callable[..., _T], /, *args: Any) -> _T:
         """`fn(*args)` on the executor when `heavy`; a small prompt costs less than the hop."""
@@ -299,6 +325,7 @@ class InferenceHandler:
     async def chat(
         self, body: bytes, env: Envelope | None = None
     ) -> tuple[bytes, GenerationRecord]:
+        await self._screened(SCREEN_CHAT, body)
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
@@ -361,6 +388,7 @@ class InferenceHandler:
     async def chat_stream(
         self, body: bytes, env: Envelope | None = None
     ) -> AsyncGenerator[bytes, None]:
+        await self._screened(SCREEN_CHAT, body)
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
@@ -538,6 +566,7 @@ class InferenceHandler:
     async def completion(
         self, body: bytes, env: Envelope | None = None
     ) -> tuple[bytes, GenerationRecord]:
+        await self._screened(SCREEN_COMPLETION, body)
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)
@@ -585,6 +614,7 @@ class InferenceHandler:
     async def completion_stream(
         self, body: bytes, env: Envelope | None = None
     ) -> AsyncGenerator[bytes, None]:
+        await self._screened(SCREEN_COMPLETION, body)
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)

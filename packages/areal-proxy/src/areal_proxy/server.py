@@ -28,6 +28,7 @@ from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
+from areal_runtime.offload import Offload
 from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_proxy")
@@ -86,6 +87,17 @@ class ProxyServer:
         self.state = ProxyState(
             model=settings.model, engine_url=settings.engine_url, proxy_id=settings.proxy_id
         )
+        # Huge prompts that cannot fit are found by a child process (screen.py), started
+        # when the first one arrives.
+        self.screen = Offload(
+            "areal_proxy.screen:make",
+            {
+                "tokenizer_path": str(settings.tokenizer_path),
+                "template_type": settings.chat_template_type,
+                "context_length": settings.context_length,
+            },
+            name="prompt screen",
+        )
         handler = InferenceHandler(
             InferenceConfig(
                 model=settings.model,
@@ -99,6 +111,7 @@ class ProxyServer:
             self.controller,
             Recorder(self.book),
             executor=self.cpu_executor,
+            screen=self.screen,
         )
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
@@ -228,8 +241,9 @@ class ProxyServer:
                     await task
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.controller.wait_background(), 5.0)
-        # 5. Close the engine client, then the metrics endpoint.
+        # 5. Close the engine client and the prompt screen, then the metrics endpoint.
         await self.engine.close()
+        await self.screen.close()
         # The recording thread finishes what it was given before the database closes.
         self.cpu_executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.db_executor.shutdown, wait=True)

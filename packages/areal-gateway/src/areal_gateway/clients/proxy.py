@@ -47,6 +47,12 @@ _DEADLINE_GRACE_S = 0.05
 WINDOW = 32
 CREDIT_STEP = WINDOW // 2
 
+# A request body over this many bytes goes in a call of its own, not as a frame on the
+# shared stream: messages on one HTTP/2 stream travel in order, so a frame of megabytes
+# would hold every small request behind it on the wire and in the proxy's reader, while
+# separate calls are separate HTTP/2 streams that share the connection frame by frame.
+SHARED_STREAM_MAX_BODY = 256 * 1024
+
 
 def _deadline(timeout_s: float | None) -> float:
     now = asyncio.get_running_loop().time()
@@ -263,9 +269,11 @@ class ProxyClient:
         stream = self._mux = GenerateStream(call, self.address)
         return stream
 
-    async def _stream(self, deadline: float) -> GenerateStream | None:
-        """The open stream (opened now if need be), or None: one call per request."""
-        if not self._streams:
+    async def _stream(
+        self, deadline: float, request: envelope_pb2.OpenAIRequest
+    ) -> GenerateStream | None:
+        """The open stream (opened now if need be), or None: a call for this request."""
+        if not self._streams or len(request.body) > SHARED_STREAM_MAX_BODY:
             return None
         stream = self._mux
         if stream is not None and stream.alive:
@@ -284,7 +292,7 @@ class ProxyClient:
         self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> bytes:
         deadline = _deadline(timeout_s)
-        stream = await self._stream(deadline)
+        stream = await self._stream(deadline, request)
         if stream is None:
             return await self._unary(method, request, timeout_s)
         rid, waiter = stream.submit(kind, request)
@@ -307,7 +315,7 @@ class ProxyClient:
         self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
         deadline = _deadline(timeout_s)
-        stream = await self._stream(deadline)
+        stream = await self._stream(deadline, request)
         if stream is None:
             async for part in self._call_stream(method, request, timeout_s):
                 yield part

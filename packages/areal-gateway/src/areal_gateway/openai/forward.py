@@ -177,7 +177,8 @@ class GenerationResponse(Response):
         model: str,
         stream: bool,
         body: bytes,
-        doc: dict[str, Any],
+        doc: dict[str, Any] | None,
+        prefix: list[int] | None = None,
     ) -> None:
         self.gw = gw
         self.endpoint = endpoint
@@ -186,12 +187,22 @@ class GenerationResponse(Response):
         self.model = model
         self.stream = stream
         self.raw_body = body
+        # None when a screen read the body (openai/screen.py): parsed here only if needed.
         self.doc = doc
+        self.prefix = prefix
         self.start = time.monotonic()
         timeout = gw.settings.request_timeout
         self.deadline = self.start + timeout
         self.deadline_unix_ms = int((time.time() + timeout) * 1000)
         self._headers_sent = False
+
+    def document(self) -> dict[str, Any]:
+        if self.doc is None:
+            self.doc = parse_object(self.raw_body)
+        return self.doc
+
+    def _prefix(self) -> list[int]:
+        return self.prefix if self.prefix is not None else prefix_hashes(self.document())
 
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()
@@ -320,7 +331,7 @@ class GenerationResponse(Response):
                 self.model,
                 session_id=self.principal.session_id,
                 timeout_s=min(self.remaining(), 10.0),
-                prefix=lambda: prefix_hashes(self.doc),
+                prefix=self._prefix,
             )
             if route.model.kind == router_pb2.MODEL_KIND_EXTERNAL:
                 await self._external(send, route.model)
@@ -412,7 +423,7 @@ class GenerationResponse(Response):
                 code="external_model_forbidden",
             )
         fwd = self.gw.external
-        resp = await fwd.send(model, self.endpoint.external_path, self.doc, self.remaining())
+        resp = await fwd.send(model, self.endpoint.external_path, self.document(), self.remaining())
         self.gw.metrics.external.labels(str(resp.status_code)).inc()
         ctype = resp.headers.get("content-type", "")
         if not self.stream or resp.status_code != 200 or "text/event-stream" not in ctype:

@@ -1,0 +1,131 @@
+"""Huge generation bodies are parsed in the gateway's screen process (openai/screen.py):
+the answers, the errors and the bytes the proxy gets are what they are without it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import httpx
+import orjson
+import pytest
+from conftest import ADMIN_KEY, Stack, wait_until
+
+from areal_gateway.openai import screen
+from areal_gateway.prefix import prefix_hashes
+
+BIG = 2 * 1024 * 1024
+PAD = "lorem ipsum " * 40_000  # ~480 kB: over the screen's threshold
+
+
+@pytest.fixture(scope="module")
+def big_gateway(stack: Stack):
+    stack.register("m-screen")
+    gw = stack.start_gateway(max_body_bytes=BIG)
+    yield gw
+
+
+def _post(url: str, body: bytes, path: str = "/v1/chat/completions", **headers: str):
+    rid = "req-" + uuid.uuid4().hex
+    with httpx.Client(base_url=url, timeout=30) as c:
+        r = c.post(
+            path,
+            content=body,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}", "x-request-id": rid, **headers},
+        )
+    return rid, r
+
+
+def test_a_huge_chat_is_read_by_the_screen_and_reaches_the_proxy_byte_for_byte(
+    stack: Stack, big_gateway
+) -> None:
+    body = orjson.dumps(
+        {"model": "m-screen", "messages": [{"role": "user", "content": PAD}], "stream": False}
+    )
+    assert len(body) > screen.SCREEN_MIN_BODY
+    rid, r = _post(big_gateway.url, body)
+    assert r.status_code == 200, r.text
+    got = stack.find(rid)
+    assert got.method == "ChatCompletion" and got.body == body
+    child = big_gateway.gateway.screen.pid
+    assert child is not None and child != os.getpid()
+    # Streamed, and a completion: the flag and the method come from the screen's reading.
+    body = orjson.dumps({"model": "m-screen", "prompt": PAD, "stream": True})
+    with httpx.Client(base_url=big_gateway.url, timeout=30) as c:
+        rid = "req-" + uuid.uuid4().hex
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}", "x-request-id": rid},
+        ) as s:
+            assert s.status_code == 200
+            assert b"data: [DONE]" in s.read()
+    got = stack.find(rid)
+    assert got.method == "CompletionStream" and got.envelope.stream is True
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"messages": [{"role": "user", "content": "x"}]},  # no model
+        {"model": "m-screen", "messages": "x"},
+        {"model": "m-screen", "messages": []},
+        {"model": "m-screen", "messages": [{"role": "user"}], "stream": "yes"},
+        {"model": 5, "messages": [{"role": "user"}]},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_huge_bad_body_gets_the_error_a_small_one_gets(big_gateway, doc) -> None:
+    small = orjson.dumps(doc)
+    big = orjson.dumps({**doc, "pad": PAD}) if isinstance(doc, dict) else orjson.dumps([*doc, PAD])
+    assert len(big) > screen.SCREEN_MIN_BODY
+    _, want = _post(big_gateway.url, small)
+    _, got = _post(big_gateway.url, big)
+    assert want.status_code == 400 and got.status_code == 400
+    assert got.json() == want.json()
+
+
+def test_invalid_json_and_a_dead_screen(big_gateway) -> None:
+    broken = b'{"model": "m-screen", "messages": [' + b" " * 400_000 + b"}"
+    _, got = _post(big_gateway.url, broken)
+    assert got.status_code == 400 and got.json()["error"]["code"] == "invalid_json"
+    body = orjson.dumps({"model": "m-screen", "messages": [{"role": "user", "content": PAD}]})
+    assert _post(big_gateway.url, body)[1].status_code == 200
+    first = big_gateway.gateway.screen.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{first}/cmdline") or _zombie(first))
+    # The gateway parses the body itself, and the next huge one starts a new screen.
+    assert _post(big_gateway.url, body)[1].status_code == 200
+    assert _post(big_gateway.url, body)[1].status_code == 200
+    assert big_gateway.gateway.screen.pid not in (None, first)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_screen_reads_what_the_gateway_would() -> None:
+    fn = screen.make()
+    doc = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": PAD}],
+        "stream": True,
+    }
+    assert screen.answer_of(fn(screen.CHAT + orjson.dumps(doc))) == (
+        "m",
+        True,
+        prefix_hashes(doc),
+    )
+    ids = {"model": "m", "prompt": list(range(1000))}
+    assert screen.answer_of(fn(screen.COMPLETION + orjson.dumps(ids))) == (
+        "m",
+        False,
+        prefix_hashes(ids),
+    )
