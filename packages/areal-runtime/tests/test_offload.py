@@ -130,3 +130,16 @@ def test_the_child_dies_with_its_parent():
         assert not _alive(child), "the child outlived its SIGKILLed parent"
     finally:
         parent.kill()
+
+
+async def test_an_idle_child_is_stopped_and_the_next_call_starts_another():
+    off = Offload("offload_targets:make", {"prefix": ""}, name="test", idle_s=0.3)
+    try:
+        first = int(await off.call(b"pid"))
+        end = time.monotonic() + 5
+        while off.pid is not None and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        assert off.pid is None and not _alive(first)
+        assert int(await off.call(b"pid")) not in (first, os.getpid())
+    finally:
+        await off.close()

@@ -13,7 +13,8 @@ it returns the function each call runs, bytes to bytes. Calls run one at a time,
 the child is a place for rare, large requests, and one at a time also bounds the CPU they
 can take. It runs at a lower scheduling priority (`nice`), so on a busy machine the small
 requests of the parent come first. It dies with its parent (PR_SET_PDEATHSIG). A child that
-dies fails the calls in flight with `OffloadFailed` and is started again by the next call.
+dies fails the calls in flight with `OffloadFailed` and is started again by the next call;
+one unused for `idle_s` is stopped, so its memory goes back to the machine.
 
 Frames on its stdin/stdout: an 8-byte big-endian length, then that many bytes. A call that
 raises in the child answers status 1 and the error's text; the parent raises `OffloadFailed`.
@@ -48,14 +49,27 @@ class OffloadFailed(Exception):
 
 
 class Offload:
-    def __init__(self, target: str, args: dict[str, Any], *, name: str, nice: int = 10) -> None:
+    def __init__(
+        self,
+        target: str,
+        args: dict[str, Any],
+        *,
+        name: str,
+        nice: int = 10,
+        idle_s: float = 300.0,
+    ) -> None:
         self.target = target
         self.args = args
         self.name = name
         self.nice = nice
+        # A child unused this long is stopped (its memory back to the machine); the next call
+        # starts another.
+        self.idle_s = idle_s
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._idle: asyncio.TimerHandle | None = None
+        self._idle_stop: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -108,9 +122,30 @@ class Offload:
                 # The frame may be half written or half read: this child's stream is lost.
                 await self._reap(proc)
                 raise
+            finally:
+                self._arm_idle()
             if frame[:1] != bytes([_OK]):
                 raise OffloadFailed(f"{self.name}: {frame[1:].decode(errors='replace')}")
             return frame[1:]
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle = loop.call_later(self.idle_s, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle = None
+        self._idle_stop = asyncio.ensure_future(self._stop_idle())
+
+    async def _stop_idle(self) -> None:
+        async with self._lock:
+            proc = self._proc
+            if self._idle is None and proc is not None and proc.returncode is None:
+                log.info(
+                    "%s: child process %d idle for %gs, stopped", self.name, proc.pid, self.idle_s
+                )
+                await self._end(proc)
 
     async def _reap(self, proc: asyncio.subprocess.Process) -> None:
         if proc.returncode is None:
@@ -123,15 +158,21 @@ class Offload:
     async def close(self) -> None:
         """Stop the child: end its input, then kill it if it has not gone in a second."""
         self._closed = True
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
+        if proc is not None and proc.returncode is None:
+            await self._end(proc)
+
+    async def _end(self, proc: asyncio.subprocess.Process) -> None:
         if proc.stdin is not None:
             proc.stdin.close()
         try:
             await asyncio.wait_for(proc.wait(), 1.0)
         except TimeoutError:
-            await self._reap(proc)
+            pass
+        await self._reap(proc)
 
 
 # --- the child ------------------------------------------------------------------------------
