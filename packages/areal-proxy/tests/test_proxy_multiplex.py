@@ -241,6 +241,10 @@ async def test_a_slow_reader_holds_back_only_its_own_request():
         await asyncio.sleep(0.2)  # whatever request 1 could still do, it has done
         assert len(mux.results[1]) == 4 and not mux.done(1)
         assert stream.backlog() <= QUEUE_LIMIT
+        # The metrics say so: request 1's full queue is held (request 2's gave credit), and
+        # its task waited for room.
+        assert held(h) == QUEUE_LIMIT
+        assert credit_waits(h) >= 1  # (its queue was full: the next chunk made it wait)
         # Request 1's engine tokens: its 4 sent results, its full queue, and the one its
         # task holds while it waits for room; the engine has the rest still to produce.
         assert engine.tokens_sent - n <= 4 + QUEUE_LIMIT + 2
@@ -250,6 +254,53 @@ async def test_a_slow_reader_holds_back_only_its_own_request():
         assert "".join(c["choices"][0]["text"] for c in mux.chunks(1)) == "".join(
             c["choices"][0]["text"] for c in mux.chunks(2)
         )
+        assert held(h) == 0
         mux.call.cancel()
+    finally:
+        await h.close()
+
+
+def held(h: Any) -> float:
+    return h.server.metrics.registry.get_sample_value("areal_proxy_stream_held_results")
+
+
+def credit_waits(h: Any) -> float:
+    return h.server.metrics.registry.get_sample_value("areal_proxy_stream_credit_waits_total")
+
+
+async def test_held_results_and_credit_waits_count_every_stream():
+    # Two Generate streams (two gateways), each with one streamed request whose caller
+    # gives a window of 2 and then no credit: each holds a full queue, and the gauge is
+    # their sum. Credit moves results out (the task refills its queue and waits again); a
+    # cancelled request and a stream that went away hold nothing.
+    engine = FakeEngineClient([])
+    h = await start(engine)
+    engine.sequence = h.tok.encode("the cat sat on a mat " * 60)
+    body = {"prompt": [5, 6, 7], "max_tokens": len(engine.sequence)}
+    try:
+        assert held(h) == 0 and credit_waits(h) == 0
+        a, b = Mux(h.stub), Mux(h.stub)
+        for mux in (a, b):
+            f = frame(1, COMPLETION, body, stream=True)
+            f.window = 2
+            await mux.send(f)
+        # Each task waited at least once (more if it filled its queue before the writer
+        # had sent the first two results).
+        await wait_for(lambda: held(h) == 2 * QUEUE_LIMIT and credit_waits(h) >= 2, 5)
+        assert [len(m.results[1]) for m in (a, b)] == [2, 2]
+        waits = credit_waits(h)
+        await a.send(proxy_pb2.GenerateFrame(id=1, credit=5))
+        # Its queue refilled and is full again: its task waited again.
+        await wait_for(
+            lambda: (
+                len(a.results[1]) == 7 and held(h) == 2 * QUEUE_LIMIT and credit_waits(h) > waits
+            ),
+            5,
+        )
+        await a.send(proxy_pb2.GenerateFrame(id=1, cancel=True))
+        await wait_for(lambda: held(h) == QUEUE_LIMIT, 5)
+        b.call.cancel()
+        await wait_for(lambda: held(h) == 0, 5)
+        a.call.cancel()
     finally:
         await h.close()

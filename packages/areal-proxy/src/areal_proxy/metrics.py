@@ -76,6 +76,19 @@ class ProxyMetrics(_Served):
         self.engine_healthy = Gauge(
             "areal_proxy_engine_healthy", "1 when the engine is healthy", registry=r
         )
+        # Flow control on `Generate` streams (multiplex.py). The gauge is read when scraped
+        # (the servicer sets its function), so the data path never touches it.
+        self.stream_held_results = Gauge(
+            "areal_proxy_stream_held_results",
+            "results queued on Generate streams for requests whose caller gave no credit",
+            registry=r,
+        )
+        self.stream_credit_waits = Counter(
+            "areal_proxy_stream_credit_waits_total",
+            "times a streamed request's task waited because QUEUE_LIMIT of its results were "
+            "queued unsent (no credit from the caller, or the stream's writer behind)",
+            registry=r,
+        )
 
     def observe_generation(
         self, prompt: int, completion: int, ttft: float | None, attempts: int

@@ -16,6 +16,11 @@ without credit wait in that request's own queue, and when `QUEUE_LIMIT` of them 
 request's task waits too: it stops reading its engine stream, and the engine's HTTP flow
 control holds that engine request back. A client that stops reading entirely holds its
 request (and its engine request) until it reads again, cancels, or its deadline passes.
+
+Two metrics show it: `areal_proxy_stream_held_results` (results queued for requests whose
+caller gave no credit, all streams together; read when scraped) and
+`areal_proxy_stream_credit_waits_total` (times a request's task waited for room in its queue:
+mostly for credit, sometimes only because the stream's writer is behind).
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class GenerateStream:
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._finished = False
+        self._credit_waits = servicer.metrics.stream_credit_waits
 
     def close(self) -> None:
         """Stop reading new frames; the call ends once its running requests are done."""
@@ -107,6 +113,13 @@ class GenerateStream:
     def backlog(self) -> int:
         """The most results any one request holds here (bounded by QUEUE_LIMIT + 1)."""
         return max((len(f.queue) for f in self.flows.values()), default=0)
+
+    def held(self) -> int:
+        """Results queued for requests whose caller has given no credit for them.
+
+        Called by the metrics thread when it scrapes: `tuple()` copies the flows in one step
+        (under the GIL), and each flow's fields are read once."""
+        return sum(len(f.queue) for f in tuple(self.flows.values()) if f.credit == 0)
 
     # -- the call --
 
@@ -214,6 +227,8 @@ class GenerateStream:
         self._wake.set()
 
     async def _put(self, flow: _Flow, result: proxy_pb2.GenerateResult) -> None:
+        if len(flow.queue) >= QUEUE_LIMIT:
+            self._credit_waits.inc()
         while len(flow.queue) >= QUEUE_LIMIT:
             flow.space = asyncio.get_running_loop().create_future()
             try:

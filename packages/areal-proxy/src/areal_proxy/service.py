@@ -108,6 +108,7 @@ class ProxyServicer(
         self._rpc_children: dict[tuple[str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}
         controller.on_finish = self._on_generation_finished
+        metrics.stream_held_results.set_function(self.held_results)
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -282,6 +283,11 @@ class ProxyServicer(
             await stream.run(request_iterator)
         finally:
             self._streams.discard(stream)
+
+    def held_results(self) -> int:
+        """Results every `Generate` stream holds for callers that gave no credit (the
+        metrics thread calls this when it scrapes; `tuple()` copies the set in one step)."""
+        return sum(stream.held() for stream in tuple(self._streams))
 
     def close_streams(self) -> None:
         """Shutdown: every `Generate` stream stops reading and ends once its requests are done
