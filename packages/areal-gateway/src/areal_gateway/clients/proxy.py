@@ -273,7 +273,8 @@ class ProxyClient:
         self, deadline: float, request: envelope_pb2.OpenAIRequest
     ) -> GenerateStream | None:
         """The open stream (opened now if need be), or None: a call for this request."""
-        if not self._streams or len(request.body) > SHARED_STREAM_MAX_BODY:
+        # ByteSize, not len(request.body): reading the field copies the body out of the message.
+        if not self._streams or request.ByteSize() > SHARED_STREAM_MAX_BODY:
             return None
         stream = self._mux
         if stream is not None and stream.alive:
