@@ -129,3 +129,23 @@ def test_the_screen_reads_what_the_gateway_would() -> None:
         False,
         prefix_hashes(ids),
     )
+
+
+def test_the_screen_works_on_the_gateways_event_loop() -> None:
+    # The binary runs on uvloop (server.loop_factory), whose pipe transports differ.
+    import asyncio
+
+    from areal_gateway.server import loop_factory
+    from areal_runtime.offload import Offload
+
+    async def go() -> tuple[str, bool, list[int]]:
+        off = Offload("areal_gateway.openai.screen:make", {}, name="body screen")
+        try:
+            doc = {"model": "m", "messages": [{"role": "user", "content": PAD}]}
+            return screen.answer_of(await off.call(screen.CHAT, orjson.dumps(doc)))
+        finally:
+            await off.close()
+
+    factory = loop_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(go())[:2] == ("m", False)

@@ -97,12 +97,12 @@ class Offload:
             limit=1 << 20,
         )
         log.info("%s: started child process %d", self.name, proc.pid)
-        for pipe in (proc.stdin, proc.stdout):
-            transport = getattr(pipe, "transport", None) or getattr(pipe, "_transport", None)
-            fd = transport.get_extra_info("pipe").fileno() if transport is not None else -1
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        # (uvloop's pipe transports give no "pipe" object: the default size stays.)
+        assert proc.stdin is not None
+        pipe = proc.stdin.transport.get_extra_info("pipe")
+        if pipe is not None:
+            with contextlib.suppress(OSError, ValueError):
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_SIZE)
         return proc
 
     async def call(self, *parts: bytes) -> bytes:
@@ -115,8 +115,9 @@ class Offload:
             if proc is None or proc.returncode is not None:
                 try:
                     proc = self._proc = await self._start()
-                except OSError as exc:
-                    raise OffloadFailed(f"{self.name}: cannot start its child: {exc}") from exc
+                except Exception as exc:  # the caller does the work itself: say why, once
+                    log.exception("%s: cannot start its child", self.name)
+                    raise OffloadFailed(f"{self.name}: cannot start its child: {exc!r}") from exc
             assert proc.stdin is not None and proc.stdout is not None
             try:
                 proc.stdin.write(_LEN.pack(sum(map(len, parts))))
