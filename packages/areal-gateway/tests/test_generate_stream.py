@@ -211,8 +211,9 @@ async def test_a_big_body_takes_a_call_of_its_own_not_the_shared_stream(pool: Pr
         big_stream = _request(True)
         big_stream.body = big.body
         small = await client.chat_completion(_request(), 5)
-        assert await client.chat_completion(big, 5) == b'{"unary":true}'
-        chunks = [c async for b in client.chat_completion_stream(big_stream, 5) for c in b]
+        size = len(big.body)
+        assert await client.chat_completion(big, 5, size) == b'{"unary":true}'
+        chunks = [c async for b in client.chat_completion_stream(big_stream, 5, size) for c in b]
         assert chunks == [b'{"unary":1}']
         assert small == b'{"whole":true}'
         assert fake.call_bodies == [SHARED_STREAM_MAX_BODY + 1] * 2

@@ -269,12 +269,11 @@ class ProxyClient:
         stream = self._mux = GenerateStream(call, self.address)
         return stream
 
-    async def _stream(
-        self, deadline: float, request: envelope_pb2.OpenAIRequest
-    ) -> GenerateStream | None:
-        """The open stream (opened now if need be), or None: a call for this request."""
-        # ByteSize, not len(request.body): reading the field copies the body out of the message.
-        if not self._streams or request.ByteSize() > SHARED_STREAM_MAX_BODY:
+    async def _stream(self, deadline: float, body_size: int) -> GenerateStream | None:
+        """The open stream (opened now if need be), or None: a call for this request.
+        (The caller gives the body's size: reading `request.body`, or its ByteSize, copies or
+        encodes megabytes.)"""
+        if not self._streams or body_size > SHARED_STREAM_MAX_BODY:
             return None
         stream = self._mux
         if stream is not None and stream.alive:
@@ -290,10 +289,15 @@ class ProxyClient:
             raise _timeout(self.address) from None
 
     async def _whole(
-        self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self,
+        kind: int,
+        method: Any,
+        request: envelope_pb2.OpenAIRequest,
+        timeout_s: float | None,
+        body_size: int,
     ) -> bytes:
         deadline = _deadline(timeout_s)
-        stream = await self._stream(deadline, request)
+        stream = await self._stream(deadline, body_size)
         if stream is None:
             return await self._unary(method, request, timeout_s)
         rid, waiter = stream.submit(kind, request)
@@ -313,10 +317,15 @@ class ProxyClient:
                 stream.cancel(rid)
 
     async def _chunks(
-        self, kind: int, method: Any, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self,
+        kind: int,
+        method: Any,
+        request: envelope_pb2.OpenAIRequest,
+        timeout_s: float | None,
+        body_size: int,
     ) -> AsyncIterator[list[bytes]]:
         deadline = _deadline(timeout_s)
-        stream = await self._stream(deadline, request)
+        stream = await self._stream(deadline, body_size)
         if stream is None:
             async for part in self._call_stream(method, request, timeout_s):
                 yield part
@@ -375,24 +384,24 @@ class ProxyClient:
     # -- generation: whole bodies, or streams as batches of chunks that arrived together --
 
     async def chat_completion(
-        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None, body_size: int = 0
     ) -> bytes:
-        return await self._whole(_CHAT, self._stub.ChatCompletion, request, timeout_s)
+        return await self._whole(_CHAT, self._stub.ChatCompletion, request, timeout_s, body_size)
 
     async def completion(
-        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None, body_size: int = 0
     ) -> bytes:
-        return await self._whole(_COMPLETION, self._stub.Completion, request, timeout_s)
+        return await self._whole(_COMPLETION, self._stub.Completion, request, timeout_s, body_size)
 
     def chat_completion_stream(
-        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None, body_size: int = 0
     ) -> AsyncIterator[list[bytes]]:
-        return self._chunks(_CHAT, self._stub.ChatCompletionStream, request, timeout_s)
+        return self._chunks(_CHAT, self._stub.ChatCompletionStream, request, timeout_s, body_size)
 
     def completion_stream(
-        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None
+        self, request: envelope_pb2.OpenAIRequest, timeout_s: float | None, body_size: int = 0
     ) -> AsyncIterator[list[bytes]]:
-        return self._chunks(_COMPLETION, self._stub.CompletionStream, request, timeout_s)
+        return self._chunks(_COMPLETION, self._stub.CompletionStream, request, timeout_s, body_size)
 
     async def close(self, grace: float | None = None) -> None:
         if self._mux is not None:

@@ -56,10 +56,11 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 class Endpoint:
     label: str  # metrics label: "chat" or "completions"
     external_path: str  # path under an external model's base_url
-    unary: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None], Any]
+    # (client, request, timeout, body size)
+    unary: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None, int], Any]
     # Batches of stream chunks: the chunks in one batch arrived together.
     stream: Callable[
-        [ProxyClient, envelope_pb2.OpenAIRequest, float | None], AsyncIterator[list[bytes]]
+        [ProxyClient, envelope_pb2.OpenAIRequest, float | None, int], AsyncIterator[list[bytes]]
     ]
 
 
@@ -344,10 +345,13 @@ class GenerationResponse(Response):
             try:
                 if self.stream:
                     await self._stream_from(
-                        send, self.endpoint.stream(client, request, self.remaining())
+                        send,
+                        self.endpoint.stream(client, request, self.remaining(), len(self.raw_body)),
                     )
                 else:
-                    body = await self.endpoint.unary(client, request, self.remaining())
+                    body = await self.endpoint.unary(
+                        client, request, self.remaining(), len(self.raw_body)
+                    )
                     await self._send_whole(send, 200, self._result(body))
                 return
             except ServiceError as err:
