@@ -15,6 +15,7 @@ Frames: one kind byte (`CHAT` or `COMPLETION`), then the request body. Answer: `
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import orjson
@@ -33,6 +34,9 @@ _GO_ON = b"{}"
 
 def make(tokenizer_path: str, template_type: str, context_length: int) -> Callable[[bytes], bytes]:
     """The screen's function, for `Offload("areal_proxy.screen:make", ...)`."""
+    # One encoding thread: the screen is background work, and the tokenizers library would
+    # otherwise spread a huge prompt over every core, the service's own included.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tok = ModelTokenizer.from_dir(tokenizer_path)
     prompts = PromptBuilder(tok, template_type=template_type) if tok.chat_template else None
     limit = context_length or tok.context_length

@@ -11,8 +11,8 @@ millions). `Offload` runs such work in one child process of its own, started on 
 `target` names a factory (`module:function`) that the child calls once with `args` (JSON);
 it returns the function each call runs, bytes to bytes. Calls run one at a time, in order:
 the child is a place for rare, large requests, and one at a time also bounds the CPU they
-can take. It runs at a lower scheduling priority (`nice`), so on a busy machine the small
-requests of the parent come first. It dies with its parent (PR_SET_PDEATHSIG). A child that
+can take. It runs at a lower scheduling priority (`nice`, and Linux's SCHED_IDLE class), so on
+a busy machine the small requests of the parent come first. It dies with its parent (PR_SET_PDEATHSIG). A child that
 dies fails the calls in flight with `OffloadFailed` and is started again by the next call;
 one unused for `idle_s` is stopped, so its memory goes back to the machine.
 
@@ -236,6 +236,11 @@ def main(argv: list[str]) -> int:
     _die_with_parent(parent)
     if nice:
         os.nice(nice)
+        # Linux's idle class as well: the child runs only on a CPU nothing else wants, so on a
+        # saturated machine the service's own requests never wait behind a huge one.
+        if hasattr(os, "SCHED_IDLE"):
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to handle
     # Frames go out on a copy of stdout; fd 1 itself becomes stderr, so a stray print in
     # the function lands in the service's log instead of corrupting a frame.
