@@ -120,18 +120,20 @@ class _Engine(asyncio.Protocol):
                 self._chunk(data)
             self.t.write(b"0\r\n\r\n")
             return
-        loop = asyncio.get_running_loop()
-        # Token i leaves i steps after the first; [DONE] and the end go with the last one.
-        for i in range(n):
-            loop.call_later(self.interval_s * i, self._paced, events[i], i == n - 1)
+        # One token per step, each step scheduled by the one before: timers set up front
+        # (token i at i steps) fired out of order under uvloop now and then, and a stream
+        # then skipped its first token.
+        self._paced(events, 0)
 
-    def _paced(self, data, last):
+    def _paced(self, events, i):
         if self.t.is_closing():
             return
-        self._chunk(data)
-        if last:
-            self._chunk(b"data: [DONE]\n\n")
+        self._chunk(events[i])
+        if i == len(events) - 2:  # the last token: [DONE] and the end go with it
+            self._chunk(events[-1])
             self.t.write(b"0\r\n\r\n")
+            return
+        asyncio.get_running_loop().call_later(self.interval_s, self._paced, events, i + 1)
 
     def _chunk(self, data):
         self.t.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -43,6 +43,7 @@ async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stre
     ttft: list[float] = []
     gaps: list[float] = []
     errors = 0
+    kinds: dict[str, int] = {}
     sem = asyncio.Semaphore(conc)
     conn = aiohttp.TCPConnector(limit=conc)
     async with aiohttp.ClientSession(connector=conn, headers=headers) as http:
@@ -54,7 +55,8 @@ async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stre
                 async with http.post(url, data=body) as r:
                     if r.status != 200:
                         errors += 1
-                        await r.read()
+                        text = (await r.read())[:200].decode(errors="replace")
+                        kinds[f"{r.status} {text}"] = kinds.get(f"{r.status} {text}", 0) + 1
                         return
                     if not stream:
                         await r.read()
@@ -85,6 +87,7 @@ async def run_load(url: str, body: bytes, headers: dict, n: int, conc: int, stre
         "p99": q[98] * 1e3,
         "rps": len(lat) / wall,
         "errors": errors,
+        "error_kinds": kinds,
         "n": n,
     }
     if stream and ttft:
@@ -246,6 +249,11 @@ def main() -> int:
                     )
                 if e["errors"] or g["errors"]:
                     print(f"{'':<15} errors: engine {e['errors']}, gateway {g['errors']}")
+                    for kind, count in {
+                        **e.get("error_kinds", {}),
+                        **g.get("error_kinds", {}),
+                    }.items():
+                        print(f"{'':<17} {count} x {kind}")
         print("\nCPU per request through the gateway (ms, from /proc/<pid>/stat over each run)\n")
         names = list(gateways)
         print(
