@@ -13,9 +13,11 @@ Flow control is per request (the HTTP/2 window is the whole stream's, so it woul
 slow client stall every request on it). A request's frame says how many of its results the
 caller buffers (`window`); the caller returns credits as its client consumes them. Results
 without credit wait in that request's own queue, and when `QUEUE_LIMIT` of them wait, the
-request's task waits too: it stops reading its engine stream, and the engine's HTTP flow
-control holds that engine request back. A client that stops reading entirely holds its
-request (and its engine request) until it reads again, cancels, or its deadline passes.
+request's task waits too: it stops reading its engine stream. What this bounds is areal's
+memory for the request; the engine decides for itself what it does with output nobody reads
+(SGLang 0.5 keeps generating and holds the output in its own process, then sends it coalesced
+when the proxy reads again). A client that stops reading entirely holds its request until it
+reads again, cancels, or its deadline passes.
 
 Two metrics show it: `areal_proxy_stream_held_results` (results queued for requests whose
 caller gave no credit, all streams together; read when scraped) and
