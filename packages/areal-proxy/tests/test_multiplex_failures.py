@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from areal_proto.proxy.v1 import proxy_pb2
+from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.multiplex import GenerateStream
 
 
@@ -25,12 +26,19 @@ class _Context:
         self.written.append(message)
 
 
+class _Servicer:
+    """The servicer of one call: only what GenerateStream reads without requests."""
+
+    def __init__(self) -> None:
+        self.metrics = ProxyMetrics()
+
+
 async def test_a_failing_reader_is_logged_not_swallowed(caplog):
     async def frames():
         yield proxy_pb2.GenerateFrames()
         raise ValueError("reader bug")
 
-    stream = GenerateStream(None, _Context())  # type: ignore[arg-type]
+    stream = GenerateStream(_Servicer(), _Context())  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="areal_proxy.multiplex"):
         await stream.run(frames())
     assert "reader bug" in caplog.text, "a bug in the reader ended the stream silently"
@@ -48,7 +56,7 @@ async def test_cancelling_the_call_while_it_winds_down_propagates():
             raise
         yield proxy_pb2.GenerateFrames()  # pragma: no cover
 
-    stream = GenerateStream(None, _Context())  # type: ignore[arg-type]
+    stream = GenerateStream(_Servicer(), _Context())  # type: ignore[arg-type]
     task = asyncio.ensure_future(stream.run(frames()))
     await asyncio.wait_for(reading.wait(), 2)
     task.cancel()
