@@ -146,15 +146,19 @@ def main() -> int:
         {},
     )
     engine_url = f"http://127.0.0.1:{engine.info['port']}"
-    stack = start_stack(
-        tmp,
-        engine_url,
-        ROOT / "models" / "tiny-parrot",
-        n_proxies=1,
-        gateway_args=["--log-level", "warning"],
-        proxy_args=["--log-level", "warning"],
-        router_args=["--log-level", "warning"],
-    )
+    try:
+        stack = start_stack(
+            tmp,
+            engine_url,
+            ROOT / "models" / "tiny-parrot",
+            n_proxies=1,
+            gateway_args=["--log-level", "warning"],
+            proxy_args=["--log-level", "warning"],
+            router_args=["--log-level", "warning"],
+        )
+    except BaseException:  # the engine would outlive a stack that failed to start
+        supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
+        raise
     # The same router and proxy behind a second gateway that makes one gRPC call per request
     # (--no-proxy-streams): the multiplexed stream's effect, measured in the same run.
     gateways = {"streams": (stack.gateway_url, stack.gateway.popen.pid)}
