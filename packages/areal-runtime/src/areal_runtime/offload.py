@@ -131,9 +131,17 @@ class Offload:
                 await proc.stdin.drain()
                 (size,) = _LEN.unpack(await proc.stdout.readexactly(_LEN.size))
                 frame = await proc.stdout.readexactly(size)
-            except (OSError, asyncio.IncompleteReadError) as exc:
-                # Dead (or killed mid-call): the next call starts a new one.
+            except (OSError, asyncio.IncompleteReadError, RuntimeError) as exc:
+                # Dead (or killed mid-call): the next call starts a new one. (uvloop raises
+                # RuntimeError, not OSError, for a write to the pipe of a child that is gone.)
                 await self._reap(proc)
+                log.warning(
+                    "%s: child process %d gone mid-call (exit status %s): %r",
+                    self.name,
+                    proc.pid,
+                    proc.returncode,
+                    exc,
+                )
                 raise OffloadFailed(f"{self.name}: its child process died") from exc
             except asyncio.CancelledError:
                 # The frame may be half written or half read: this child's stream is lost.
