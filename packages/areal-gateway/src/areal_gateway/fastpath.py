@@ -63,7 +63,6 @@ class GenerationFastPath:
         self._status: dict[tuple[str, int], Any] = {}
         # What `previous_response_id` continues, in this process (responses/store.py).
         self.responses = ResponseStore()
-        self.screen_min_body = screen.SCREEN_MIN_BODY
 
     # Same series as MetricsMiddleware (one child lookup per label, then cached).
     def _metrics(self, label: str) -> tuple[Any, Any]:
@@ -165,7 +164,7 @@ class GenerationFastPath:
                 rid = value.decode("latin-1")
         principal = gw.auth.authenticate(bearer_key(auth))
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
-        if endpoint is not responses.RESPONSES and len(body) > self.screen_min_body:
+        if endpoint is not responses.RESPONSES and len(body) > screen.SCREEN_MIN_BODY:
             found = await self._screened(endpoint, body)
             if found is not None:
                 model, stream, prefix = found

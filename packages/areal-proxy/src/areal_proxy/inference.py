@@ -80,7 +80,6 @@ class InferenceHandler:
         recorder: Recorder | None = None,
         executor: Executor | None = None,
         screen: Offload | None = None,
-        screen_min_body: int = SCREEN_MIN_BODY,
     ) -> None:
         self.recorder = recorder
         self.config = config
@@ -96,12 +95,11 @@ class InferenceHandler:
         # Huge bodies are first shown to a child process that refuses a prompt the context
         # cannot hold, without this process touching the body (screen.py).
         self.screen = screen
-        self.screen_min_body = screen_min_body
 
     async def _screened(self, kind: bytes, body: bytes) -> None:
         """Refuse a huge body whose prompt cannot fit, on the screen's word; anything else
         (and a screen that failed) goes on to this proxy's own checks."""
-        if self.screen is None or len(body) <= self.screen_min_body or not self.context_length:
+        if self.screen is None or len(body) <= SCREEN_MIN_BODY or not self.context_length:
             return
         try:
             answer = orjson.loads(await self.screen.call(kind, body))

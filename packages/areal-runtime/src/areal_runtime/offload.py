@@ -74,6 +74,7 @@ class Offload:
         self._lock = asyncio.Lock()
         self._closed = False
         self._idle: asyncio.TimerHandle | None = None
+        # The task that stops an idle child (held so that it is not collected mid-run).
         self._idle_stop: asyncio.Task[None] | None = None
 
     @property
