@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from areal_gateway.clients import ProxyPool, ProxyUnreachable
+from areal_gateway.clients import ProxyPool, ProxyUnreachable, generation_request
 from areal_gateway.clients.proxy import SHARED_STREAM_MAX_BODY, WINDOW
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -191,12 +191,16 @@ class Both(Scripted):
         super().__init__("ok")
         self.call_bodies: list[int] = []
 
+        self.envelopes: list[envelope_pb2.Envelope] = []
+
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
-        self.call_bodies.append(len(request.body))
+        self.call_bodies.append(request.body)
+        self.envelopes.append(request.envelope)
         return envelope_pb2.OpenAIResponse(body=b'{"unary":true}')
 
     async def ChatCompletionStream(self, request: Any, context: Any) -> Any:
-        self.call_bodies.append(len(request.body))
+        self.call_bodies.append(request.body)
+        self.envelopes.append(request.envelope)
         yield envelope_pb2.StreamChunk(data=b'{"unary":1}')
 
 
@@ -206,20 +210,47 @@ async def test_a_big_body_takes_a_call_of_its_own_not_the_shared_stream(pool: Pr
     server, address = await _serve(fake)
     try:
         client = pool.get(address)
-        big = _request()
-        big.body = b" " * (SHARED_STREAM_MAX_BODY + 1)
-        big_stream = _request(True)
-        big_stream.body = big.body
-        small = await client.chat_completion(_request(), 5)
-        size = len(big.body)
-        assert await client.chat_completion(big, 5, size) == b'{"unary":true}'
-        chunks = [c async for b in client.chat_completion_stream(big_stream, 5, size) for c in b]
+        body = b'{"x":"%s"}' % (b"y" * SHARED_STREAM_MAX_BODY)
+        envelope = envelope_pb2.Envelope(request_id="big", model="m", session_id="s")
+        streamed = envelope_pb2.Envelope(request_id="big2", model="m", stream=True)
+        big = generation_request(envelope, body)
+        assert isinstance(big, bytes)  # encoded by the gateway, sent as it is
+        small = await client.chat_completion(generation_request(envelope, b"{}"), 5)
+        assert await client.chat_completion(big, 5) == b'{"unary":true}'
+        big_stream = generation_request(streamed, body)
+        chunks = [c async for b in client.chat_completion_stream(big_stream, 5) for c in b]
         assert chunks == [b'{"unary":1}']
         assert small == b'{"whole":true}'
-        assert fake.call_bodies == [SHARED_STREAM_MAX_BODY + 1] * 2
+        assert fake.call_bodies == [body, body]  # the proxy reads the same message
+        assert fake.envelopes == [envelope, streamed]
         assert fake.streams == 1  # the small request's
     finally:
         await server.stop(0)
+
+
+@pytest.mark.parametrize("extra", [0, 1, 127, 128, 16383, 16384, 2**21])
+def test_an_encoded_request_is_the_message_its_proxy_parses(extra: int):
+    # Every varint length boundary of the body field, and an envelope with all its fields.
+    envelope = envelope_pb2.Envelope(
+        request_id="r",
+        api_key="areal-sk-a.b",
+        model="m",
+        stream=True,
+        deadline_unix_ms=2**40,
+        session_id="s",
+        is_admin=True,
+    )
+    body = b"b" * (SHARED_STREAM_MAX_BODY + 1 + extra)
+    encoded = generation_request(envelope, body)
+    assert isinstance(encoded, bytes)
+    message = envelope_pb2.OpenAIRequest(envelope=envelope, body=body)
+    assert encoded == message.SerializeToString()
+    assert envelope_pb2.OpenAIRequest.FromString(encoded) == message
+    # At the threshold the body still goes on the shared stream, as a message.
+    small = generation_request(envelope, body[:SHARED_STREAM_MAX_BODY])
+    assert small == envelope_pb2.OpenAIRequest(
+        envelope=envelope, body=body[:SHARED_STREAM_MAX_BODY]
+    )
 
 
 class Metered(proxy_pb2_grpc.InferenceProxyServiceServicer):

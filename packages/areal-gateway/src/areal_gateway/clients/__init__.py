@@ -9,7 +9,13 @@ surface as `ServiceError` (or its subclass `ProxyUnreachable`), never as `grpc.R
 
 from areal_gateway.clients.agent import SESSION_KEY_METADATA, AgentProxyClient, AgentProxyPool
 from areal_gateway.clients.common import ProxyUnreachable
-from areal_gateway.clients.proxy import GenerateStream, ProxyClient, ProxyPool
+from areal_gateway.clients.proxy import (
+    GenerateStream,
+    GenerationRequest,
+    ProxyClient,
+    ProxyPool,
+    generation_request,
+)
 from areal_gateway.clients.router import RouterClient
 
 __all__ = [
@@ -17,8 +23,10 @@ __all__ = [
     "AgentProxyClient",
     "AgentProxyPool",
     "GenerateStream",
+    "GenerationRequest",
     "ProxyClient",
     "ProxyPool",
     "ProxyUnreachable",
     "RouterClient",
+    "generation_request",
 ]

@@ -25,7 +25,12 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from areal_gateway.auth import Principal
-from areal_gateway.clients import ProxyClient, ProxyUnreachable
+from areal_gateway.clients import (
+    GenerationRequest,
+    ProxyClient,
+    ProxyUnreachable,
+    generation_request,
+)
 from areal_gateway.openai.errors import bad_request, error_body
 from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frames
 from areal_gateway.prefix import prefix_hashes
@@ -56,12 +61,10 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 class Endpoint:
     label: str  # metrics label: "chat" or "completions"
     external_path: str  # path under an external model's base_url
-    # (client, request, timeout, body size)
-    unary: Callable[[ProxyClient, envelope_pb2.OpenAIRequest, float | None, int], Any]
+    # (client, request, timeout)
+    unary: Callable[[ProxyClient, GenerationRequest, float | None], Any]
     # Batches of stream chunks: the chunks in one batch arrived together.
-    stream: Callable[
-        [ProxyClient, envelope_pb2.OpenAIRequest, float | None, int], AsyncIterator[list[bytes]]
-    ]
+    stream: Callable[[ProxyClient, GenerationRequest, float | None], AsyncIterator[list[bytes]]]
 
 
 # --- reading and parsing -------------------------------------------------------------------
@@ -287,20 +290,18 @@ class GenerationResponse(Response):
         )
 
     # -- the work --
-    def _envelope(self) -> envelope_pb2.OpenAIRequest:
+    def _request(self) -> GenerationRequest:
         p = self.principal
-        return envelope_pb2.OpenAIRequest(
-            envelope=envelope_pb2.Envelope(
-                request_id=self.request_id,
-                api_key=p.api_key,
-                model=self.model,
-                stream=self.stream,
-                deadline_unix_ms=self.deadline_unix_ms,
-                session_id=p.session_id,
-                is_admin=p.is_admin,
-            ),
-            body=self.raw_body,
+        envelope = envelope_pb2.Envelope(
+            request_id=self.request_id,
+            api_key=p.api_key,
+            model=self.model,
+            stream=self.stream,
+            deadline_unix_ms=self.deadline_unix_ms,
+            session_id=p.session_id,
+            is_admin=p.is_admin,
         )
+        return generation_request(envelope, self.raw_body)
 
     async def _run(self, send: Send) -> None:
         try:
@@ -325,7 +326,7 @@ class GenerationResponse(Response):
     async def _internal(self, send: Send) -> None:
         gw = self.gw
         routes = gw.routes
-        request = self._envelope()
+        request = self._request()
         retries = 0
         while True:
             route = await routes.route(
@@ -346,12 +347,10 @@ class GenerationResponse(Response):
                 if self.stream:
                     await self._stream_from(
                         send,
-                        self.endpoint.stream(client, request, self.remaining(), len(self.raw_body)),
+                        self.endpoint.stream(client, request, self.remaining()),
                     )
                 else:
-                    body = await self.endpoint.unary(
-                        client, request, self.remaining(), len(self.raw_body)
-                    )
+                    body = await self.endpoint.unary(client, request, self.remaining())
                     await self._send_whole(send, 200, self._result(body))
                 return
             except ServiceError as err:
