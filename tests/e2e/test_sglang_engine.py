@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import engine_checks as checks
 import pytest
@@ -84,3 +86,34 @@ async def test_update_weights_from_disk_swaps_behaviour(client, sglang_engine):
     assert out.token_ids == [300] * 5
     assert out.weight_version == "0"
     await client.flush_cache()
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) that the live processes of group `pgid` have used."""
+    ticks = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(rest[2]) == pgid:
+            ticks += int(rest[11]) + int(rest[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def test_an_idle_engine_leaves_the_cpu_to_others(client, sglang_engine):
+    # SGLang's scheduler polls its sockets in a busy loop unless --sleep-on-idle (in the CPU
+    # flags areal starts it with): a whole core per idle engine, measured 1.02 cores.
+    pgid = sglang_engine.component.pgid
+    if not pgid:
+        pytest.skip("an external engine (AREAL_TEST_SGLANG_URL): not areal's process group")
+    assert await client.health()  # awake and serving, then left alone
+    await asyncio.sleep(1.5)
+    before, t0 = _group_cpu_s(pgid), time.monotonic()
+    await asyncio.sleep(4.0)
+    cores = (_group_cpu_s(pgid) - before) / (time.monotonic() - t0)
+    assert cores < 0.25, f"the idle engine used {cores:.2f} of a core"
+    assert await client.health()  # and wakes for the next request

@@ -77,7 +77,8 @@ def test_user_engine_args_replace_defaults_of_the_same_name():
     merged = engines.merge_engine_args(defaults, user)
     # The user's string comes last, verbatim; every other default stays.
     assert merged[-len(user) :] == user
-    assert merged[: -len(user)] == ["--device", "cpu", "--attention-backend", "torch_native"]
+    kept = ["--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle"]
+    assert merged[: -len(user)] == kept
     # `--flag=value` given by the user replaces `--flag value` of the defaults and back.
     assert engines.merge_engine_args(["--x=1", "--y", "2"], ["--x", "3"]) == [
         "--y",

@@ -149,6 +149,7 @@ def main() -> None:
             p.add_argument(flag)
         p.add_argument("--disable-overlap-schedule", action="store_true")
         p.add_argument("--incremental-streaming-output", action="store_true")
+        p.add_argument("--sleep-on-idle", action="store_true")
         common(p)
         a = p.parse_args(argv)  # unknown flags: exit 2, like a real engine
         delay = float(os.environ.get("FAKE_ENGINE_DELAY", "0.2"))
