@@ -742,10 +742,11 @@ def _usage(recs: list[GenerationRecord]) -> dict[str, int]:
 
 async def _all(coros: Iterable[Awaitable[None]]) -> None:
     """Await every coroutine; on the first failure cancel the others, then raise it."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    if len(tasks) == 1:
-        await tasks[0]
+    pending = list(coros)
+    if len(pending) == 1:  # the usual case (n=1): no task, no extra turn of the loop
+        await pending[0]
         return
+    tasks = [asyncio.ensure_future(c) for c in pending]
     try:
         await asyncio.gather(*tasks)
     finally:
