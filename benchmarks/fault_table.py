@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     a = Areal(home)
     rows: list[dict[str, Any]] = []
     orphan_report: dict[str, Any] = {}
+    models: list[dict[str, Any]] = []  # what `inf models --json` said once the service was up
     try:
         t = time.monotonic()
         r = a(
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             print(r.stderr, file=sys.stderr)
             return 1
         print(f"inf service up in {time.monotonic() - t:.0f}s", file=sys.stderr, flush=True)
+        listed = a("inf", "models", "--json")
+        if listed.returncode == 0:
+            models = json.loads(listed.stdout)["models"]
         seen = all_pgids(a, "inf")
         plan = [
             ("gateway", signal.SIGKILL),
@@ -383,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print_table(rows)
     if a_.json:
-        Path(a_.json).write_text(json.dumps({"rows": rows, "orphans": orphan_report}, indent=2))
+        Path(a_.json).write_text(
+            json.dumps({"rows": rows, "orphans": orphan_report, "models": models}, indent=2)
+        )
     return 0
 
 

@@ -59,6 +59,10 @@ def test_fault_table(tmp_path, capsys):
     code = _fault_table().main(["--requests", "200", "--row-timeout", "150", "--json", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
+    # The service is sglang:d2, as `areal inf models` tells it: two replicas, each its own
+    # engine process (the rows below then serve and fail over across both).
+    (model,) = doc["models"]
+    assert len(model["replicas"]) == 2 and len(model["workers"]) == 2, model
     with capsys.disabled():
         print()
         _fault_table().print_table(doc["rows"])
