@@ -183,6 +183,17 @@ def test_sigkill_of_a_proxy_is_restarted_by_the_watchdog(svc):
     assert new["restarts"] == 1 and new["port"] == old["port"]  # same port: registration holds
     assert new["last_failure"]["reason"].startswith("process exited")
     a.wait_status("running")
+    # The router takes the restarted proxy back at its next health poll (every second, and
+    # its channel's reconnect backoff): the service serves again, not only its processes.
+    port = svc[1]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    deadline = time.monotonic() + 30
+    code, out = _post(port, "/v1/chat/completions", ADMIN_KEY, chat)
+    while code != 200 and time.monotonic() < deadline:
+        assert code == 503 and out["error"]["code"] == "no_healthy_proxy", out
+        time.sleep(0.2)
+        code, out = _post(port, "/v1/chat/completions", ADMIN_KEY, chat)
+    assert code == 200, out
 
 
 def _post(port: int, path: str, key: str, body: dict) -> tuple[int, dict]:
