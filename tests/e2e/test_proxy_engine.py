@@ -203,8 +203,10 @@ async def test_chat_returns_the_engines_tokens(stub, sglang_engine, parrot_token
     )
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == out["usage"]
-    # Real streaming: one chunk per token, not one blob.
-    assert len([c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]) == 6
+    # Real streaming, not one blob. Not exactly one chunk per token: when the scheduler
+    # gets ahead of the tokenizer manager, SGLang hands over two tokens in one event.
+    with_text = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert 2 <= len(with_text) <= 6
 
 
 async def test_chat_stops_at_end_of_turn(stub, sglang_engine, parrot_tokenizer):
