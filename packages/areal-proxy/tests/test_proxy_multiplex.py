@@ -304,3 +304,127 @@ async def test_held_results_and_credit_waits_count_every_stream():
         a.call.cancel()
     finally:
         await h.close()
+
+
+# -- a body in parts --
+
+
+def head(rid: int, kind: int, body: dict[str, Any], *, stream: bool = False) -> Any:
+    """The request frame of a body that follows in parts: the envelope, no body."""
+    f = frame(rid, kind, body, stream=stream)
+    f.request.body = b""
+    f.more = True
+    return f
+
+
+def parts_of(body: dict[str, Any], n: int) -> list[bytes]:
+    raw = orjson.dumps(body)
+    step = -(-len(raw) // n)
+    return [raw[i : i + step] for i in range(0, len(raw), step)]
+
+
+def part(rid: int, data: bytes, *, last: bool = False) -> Any:
+    return proxy_pb2.GenerateFrame(id=rid, part=data, more=not last)
+
+
+async def test_a_body_in_parts_is_served_as_if_whole_with_requests_between_its_parts():
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        big = {"messages": [{"role": "user", "content": "hi " * 300}], "logprobs": True}
+        whole = await h.chat(big)
+        streamed = await h.chat_stream(big)
+        first, second, third = parts_of(big, 3)
+        mux = Mux(h.stub)
+        await mux.send(head(1, CHAT, big), part(1, first), frame(2, CHAT, {"messages": MSG}))
+        await mux.send(head(3, CHAT, big, stream=True), part(3, first), part(1, second))
+        # The small request ran while the big ones were still coming in.
+        await mux.wait(2)
+        assert not mux.results.get(1) and not mux.results.get(3)
+        await mux.send(part(3, second), part(1, third, last=True), part(3, third, last=True))
+        await mux.wait(1, 3)
+        (one,) = mux.results[1]
+        got = orjson.loads(one.data)
+        assert got["choices"] == whole["choices"] and got["usage"] == whole["usage"]
+        assert [c["choices"] for c in mux.chunks(3)] == [c["choices"] for c in streamed]
+        # The engine saw the same prompt as for the whole body.
+        assert engine.requests[-1].input_ids == engine.requests[0].input_ids
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_a_cancel_drops_the_parts_held_and_later_parts_of_that_id_are_ignored():
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        big = {"messages": MSG, "max_tokens": 4}
+        first, second = parts_of(big, 2)
+        mux = Mux(h.stub)
+        await mux.send(head(1, CHAT, big), part(1, first))
+        await mux.send(proxy_pb2.GenerateFrame(id=1, cancel=True))
+        # A part that was already on its way when the cancel went: nothing starts.
+        await mux.send(part(1, second, last=True), frame(2, CHAT, {"messages": MSG}))
+        await mux.wait(2)
+        await asyncio.sleep(0.1)
+        assert 1 not in mux.results and len(engine.requests) == 1
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_a_body_in_parts_over_the_message_limit_is_refused_without_being_kept(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr("areal_proxy.multiplex.MAX_MESSAGE_BYTES", 1000)
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        await mux.send(head(1, CHAT, {"messages": MSG}), part(1, b"x" * 600))
+        await mux.send(part(1, b"x" * 600))
+        await mux.wait(1)
+        (err,) = mux.results[1]
+        assert err.error.http_status == 413 and err.error.code == "body_too_large"
+        await mux.send(part(1, b"x" * 600, last=True), frame(2, CHAT, {"messages": MSG}))
+        await mux.wait(2)
+        assert len(mux.results[1]) == 1 and len(engine.requests) == 1
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_an_id_still_coming_in_parts_is_in_use():
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        first, _ = parts_of({"messages": MSG}, 2)
+        mux = Mux(h.stub)
+        await mux.send(head(1, CHAT, {"messages": MSG}), part(1, first))
+        await mux.send(frame(1, CHAT, {"messages": MSG}))
+        await wait_for(lambda: 1 in mux.results)
+        assert mux.results[1][0].error.http_status == 400
+        assert "already in use" in mux.results[1][0].error.message
+        mux.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_a_huge_body_in_parts_that_cannot_fit_is_refused_by_the_screen():
+    # The screen reads the parts as they came (the proxy never joins or parses the body).
+    engine = FakeEngineClient(SEQ)
+    h = await start(engine)
+    try:
+        huge = {"messages": [{"role": "user", "content": "x" * 1_000_000}]}
+        mux = Mux(h.stub)
+        *firsts, last = parts_of(huge, 5)
+        await mux.send(head(1, CHAT, huge), *(part(1, p) for p in firsts))
+        await mux.send(part(1, last, last=True))
+        await mux.wait(1)
+        (err,) = mux.results[1]
+        assert err.error.http_status == 400 and "context length" in err.error.message
+        assert "at least" in err.error.message  # the screen's estimate, not a tokenization
+        assert engine.requests == []
+        mux.call.cancel()
+    finally:
+        await h.close()

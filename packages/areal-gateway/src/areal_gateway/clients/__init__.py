@@ -12,6 +12,7 @@ from areal_gateway.clients.common import ProxyUnreachable
 from areal_gateway.clients.proxy import (
     GenerateStream,
     GenerationRequest,
+    LargeRequest,
     ProxyClient,
     ProxyPool,
     generation_request,
@@ -24,6 +25,7 @@ __all__ = [
     "AgentProxyPool",
     "GenerateStream",
     "GenerationRequest",
+    "LargeRequest",
     "ProxyClient",
     "ProxyPool",
     "ProxyUnreachable",

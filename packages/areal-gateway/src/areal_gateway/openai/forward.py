@@ -81,8 +81,18 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The whole body off the raw ASGI messages, refusing more than `limit` bytes (declared
-    in Content-Length or actually sent). The one body reader: the generation fast path has
-    no Request object, every other endpoint reaches it through `read_body`."""
+    in Content-Length or actually sent)."""
+    parts = await receive_parts(receive, declared, limit)
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
+
+
+async def receive_parts(receive: Receive, declared: str | None, limit: int) -> list[bytes]:
+    """The body as the server read it (at least one part, maybe empty), refusing more than
+    `limit` bytes. The one body reader: the generation fast path keeps a huge body in its
+    parts (joining megabytes holds the GIL for milliseconds), every other endpoint reaches it
+    through `read_body`."""
     if declared is not None:
         try:
             size = int(declared)
@@ -107,9 +117,7 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
                 break
         elif message["type"] == "http.disconnect":
             raise Cancelled("Client closed the request.")
-    if len(parts) == 1:
-        return parts[0]
-    return b"".join(parts)
+    return parts or [b""]
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -180,7 +188,7 @@ class GenerationResponse(Response):
         request_id: str,
         model: str,
         stream: bool,
-        body: bytes,
+        body: bytes | list[bytes],
         doc: dict[str, Any] | None,
         prefix: list[int] | None = None,
     ) -> None:
@@ -190,6 +198,7 @@ class GenerationResponse(Response):
         self.request_id = request_id
         self.model = model
         self.stream = stream
+        # A huge body stays in the parts it was read in (fastpath.py).
         self.raw_body = body
         # None when a screen read the body (openai/screen.py): parsed here only if needed.
         self.doc = doc
@@ -202,7 +211,8 @@ class GenerationResponse(Response):
 
     def document(self) -> dict[str, Any]:
         if self.doc is None:
-            self.doc = parse_object(self.raw_body)
+            body = self.raw_body
+            self.doc = parse_object(body if isinstance(body, bytes) else b"".join(body))
         return self.doc
 
     def _prefix(self) -> list[int]:
