@@ -93,6 +93,25 @@ def test_a_huge_bad_body_gets_the_answer_a_small_one_gets(stack) -> None:
         assert (big.status_code, big.json()) == (small.status_code, small.json())
 
 
+def test_a_huge_body_that_fits_is_answered_as_a_small_one(stack) -> None:
+    # ~1 MB that is not prompt: it crosses gateway -> proxy in parts on the shared stream
+    # and is put together again only once the proxy's screen let it through.
+    client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    small = client.chat.completions.create(**ask, user="x")
+    big = client.chat.completions.create(**ask, user=TEXT)
+    assert big.choices[0].message.content == small.choices[0].message.content
+    assert big.usage == small.usage and big.usage is not None
+    streamed = client.chat.completions.create(**ask, user=TEXT, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == small.choices[0].message.content
+
+
 def test_the_screens_end_with_their_service(sglang_engine, tmp_path) -> None:
     s = start_stack(tmp_path / "s", sglang_engine.url, PARROT, n_proxies=1)
     try:
