@@ -94,8 +94,8 @@ def test_a_huge_bad_body_gets_the_answer_a_small_one_gets(stack) -> None:
 
 
 def test_a_huge_body_that_fits_is_answered_as_a_small_one(stack) -> None:
-    # ~1 MB that is not prompt: it crosses gateway -> proxy in parts on the shared stream
-    # and is put together again only once the proxy's screen let it through.
+    # ~1 MB that is not prompt: both screens let it through, it crosses gateway -> proxy as
+    # a request the gateway encoded itself (a call of its own), and the proxy serves it.
     client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
     ask = {
         "model": MODEL,

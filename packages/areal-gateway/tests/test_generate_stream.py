@@ -11,22 +11,12 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from areal_gateway.clients import (
-    GenerateStream,
-    LargeRequest,
-    ProxyPool,
-    ProxyUnreachable,
-    generation_request,
-)
-from areal_gateway.clients.proxy import PART_BYTES, WINDOW, _repart
+from areal_gateway.clients import ProxyPool, ProxyUnreachable, generation_request
+from areal_gateway.clients.proxy import SHARED_STREAM_MAX_BODY, WINDOW
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.errors import ServiceError
-
-CHAT = proxy_pb2.GENERATE_KIND_CHAT
 
 
 def _request(stream: bool = False) -> envelope_pb2.OpenAIRequest:
@@ -195,49 +185,13 @@ async def test_streams_off_means_one_call_per_request():
 
 
 class Both(Scripted):
-    """Generate as `Scripted("ok")` for whole bodies; a body in parts is put together and
-    answered with its length and the parts' sizes. The per-call RPCs answer too, recording
-    what they got."""
+    """Generate as `Scripted("ok")`, and the per-call RPCs, recording the body sizes each got."""
 
     def __init__(self) -> None:
         super().__init__("ok")
-        self.call_bodies: list[bytes] = []
-        self.envelopes: list[envelope_pb2.Envelope] = []
-        self.assembled: dict[int, bytes] = {}
-        # Per message on the stream: its frames as (id, has a request, more, part bytes).
-        self.messages: list[list[tuple[int, bool, bool, int]]] = []
+        self.call_bodies: list[int] = []
 
-    async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
-        self.streams += 1
-        await context.send_initial_metadata(())
-        held: dict[int, tuple[Any, list[bytes]]] = {}
-        async for msg in request_iterator:
-            self.messages.append(
-                [(f.id, f.HasField("request"), f.more, len(f.part)) for f in msg.frames]
-            )
-            for f in msg.frames:
-                if f.cancel:
-                    self.cancelled.append(f.id)
-                    held.pop(f.id, None)
-                    continue
-                if f.HasField("request") and not f.more:
-                    body = b'{"whole":true}'
-                    self.envelopes.append(f.request.envelope)
-                elif f.HasField("request"):
-                    held[f.id] = (f.request, [])
-                    continue
-                elif f.id not in held:
-                    continue
-                else:
-                    held[f.id][1].append(f.part)
-                    if f.more:
-                        continue
-                    req, parts = held.pop(f.id)
-                    self.assembled[f.id] = b"".join(parts)
-                    self.envelopes.append(req.envelope)
-                    body = b'{"parts":%d}' % len(parts)
-                done = proxy_pb2.GenerateResult(id=f.id, done=True, data=body)
-                await context.write(proxy_pb2.GenerateResults(results=[done]))
+        self.envelopes: list[envelope_pb2.Envelope] = []
 
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
         self.call_bodies.append(request.body)
@@ -250,55 +204,27 @@ class Both(Scripted):
         yield envelope_pb2.StreamChunk(data=b'{"unary":1}')
 
 
-async def test_a_big_body_goes_on_the_shared_stream_in_parts(pool: ProxyPool):
-    # A frame of megabytes on the shared stream would hold every small request behind it,
-    # and copying it holds the GIL for milliseconds: it goes a part per message.
+async def test_a_big_body_takes_a_call_of_its_own_not_the_shared_stream(pool: ProxyPool):
+    # A frame of megabytes on the shared stream would hold every small request behind it.
     fake = Both()
     server, address = await _serve(fake)
     try:
         client = pool.get(address)
-        # Read in pieces of a server's choosing: one tiny, one over a part, the rest.
-        body = b'{"x":"%s"}' % (b"y" * (3 * PART_BYTES))
-        pieces = [body[:7], body[7 : 7 + PART_BYTES + 5], body[7 + PART_BYTES + 5 :]]
-        envelope = envelope_pb2.Envelope(request_id="big", model="m", session_id="s")
-        big = generation_request(envelope, pieces)
-        assert isinstance(big, LargeRequest)
-        small, answer = await asyncio.gather(
-            client.chat_completion(generation_request(envelope, b"{}"), 5),
-            client.chat_completion(big, 5),
-        )
-        assert small == b'{"whole":true}' and answer == b'{"parts":4}'
-        assert fake.assembled == {2: body}
-        assert fake.envelopes[-1] == envelope and fake.call_bodies == []
-        assert fake.streams == 1
-        # One part per message at most, so no message is much over a part.
-        for message in fake.messages:
-            assert sum(1 for f in message if f[3]) <= 1
-        assert max(f[3] for m in fake.messages for f in m) == PART_BYTES
-    finally:
-        await server.stop(0)
-
-
-async def test_streams_off_a_big_body_is_one_encoded_call(pool: ProxyPool):
-    fake = Both()
-    server, address = await _serve(fake)
-    off = ProxyPool("", streams=False)
-    try:
-        client = off.get(address)
-        body = b'{"x":"%s"}' % (b"y" * PART_BYTES)
+        body = b'{"x":"%s"}' % (b"y" * SHARED_STREAM_MAX_BODY)
         envelope = envelope_pb2.Envelope(request_id="big", model="m", session_id="s")
         streamed = envelope_pb2.Envelope(request_id="big2", model="m", stream=True)
-        assert await client.chat_completion(generation_request(envelope, body), 5) == (
-            b'{"unary":true}'
-        )
-        big_stream = generation_request(streamed, [body[:10], body[10:]])
+        big = generation_request(envelope, body)
+        assert isinstance(big, bytes)  # encoded by the gateway, sent as it is
+        small = await client.chat_completion(generation_request(envelope, b"{}"), 5)
+        assert await client.chat_completion(big, 5) == b'{"unary":true}'
+        big_stream = generation_request(streamed, body)
         chunks = [c async for b in client.chat_completion_stream(big_stream, 5) for c in b]
         assert chunks == [b'{"unary":1}']
+        assert small == b'{"whole":true}'
         assert fake.call_bodies == [body, body]  # the proxy reads the same message
         assert fake.envelopes == [envelope, streamed]
-        assert fake.streams == 0
+        assert fake.streams == 1  # the small request's
     finally:
-        await off.close()
         await server.stop(0)
 
 
@@ -314,126 +240,17 @@ def test_an_encoded_request_is_the_message_its_proxy_parses(extra: int):
         session_id="s",
         is_admin=True,
     )
-    body = b"b" * (PART_BYTES + 1 + extra)
-    large = generation_request(envelope, body)
-    assert isinstance(large, LargeRequest)
-    assert b"".join(large.parts) == body
+    body = b"b" * (SHARED_STREAM_MAX_BODY + 1 + extra)
+    encoded = generation_request(envelope, body)
+    assert isinstance(encoded, bytes)
     message = envelope_pb2.OpenAIRequest(envelope=envelope, body=body)
-    assert large.encoded() == message.SerializeToString()
-    assert envelope_pb2.OpenAIRequest.FromString(large.encoded()) == message
-    # At the threshold the body still goes whole, as a message.
-    small = generation_request(envelope, [body[:100], body[100:PART_BYTES]])
-    assert small == envelope_pb2.OpenAIRequest(envelope=envelope, body=body[:PART_BYTES])
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 3000), max_size=12), st.integers(1, 1000))
-def test_repart_keeps_the_bytes_in_parts_of_the_size(sizes: list[int], size: int):
-    chunks = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
-    parts = _repart(chunks, size)
-    assert b"".join(parts) == b"".join(chunks)
-    assert all(len(p) == size for p in parts[:-1])
-    assert not parts or 0 < len(parts[-1]) <= size
-
-
-class FakeCall:
-    """A `Generate` call whose writes the test lets complete one at a time."""
-
-    def __init__(self) -> None:
-        self.written: list[Any] = []
-        self.gate = asyncio.Semaphore(0)
-        self.results: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def write(self, message: Any) -> None:
-        self.written.append(message)
-        await self.gate.acquire()
-
-    async def read(self) -> Any:
-        return await self.results.get()
-
-    def cancel(self) -> None:
-        pass
-
-
-async def _settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-def _big(n_parts: int) -> LargeRequest:
-    body = b"z" * (PART_BYTES * (n_parts - 1) + 1)
-    big = generation_request(envelope_pb2.Envelope(request_id="big", model="m"), body)
-    assert isinstance(big, LargeRequest) and len(big.parts) == n_parts
-    return big
-
-
-async def test_a_small_request_waits_for_one_part_at_most():
-    call = FakeCall()
-    stream = GenerateStream(call, "fake")
-    try:
-        big_id, _ = stream.submit(CHAT, _big(5))
-        await _settle()
-        (first,) = call.written  # the request frame and the first part
-        assert [(f.id, f.more, len(f.part)) for f in first.frames] == [
-            (big_id, True, 0),
-            (big_id, True, PART_BYTES),
-        ]
-        assert not first.frames[0].request.body
-        small_id, _ = stream.submit(CHAT, _request())
-        call.gate.release()
-        await _settle()
-        second = call.written[1]
-        assert [(f.id, len(f.part)) for f in second.frames] == [(small_id, 0), (big_id, PART_BYTES)]
-        for _ in range(3):
-            call.gate.release()
-            await _settle()
-        last = call.written[-1].frames
-        assert len(call.written) == 5 and len(last) == 1
-        assert last[0].id == big_id and not last[0].more and len(last[0].part) == 1
-    finally:
-        call.gate.release()
-        await stream.close()
-
-
-async def test_a_cancel_mid_parts_sends_no_more_of_them():
-    call = FakeCall()
-    stream = GenerateStream(call, "fake")
-    try:
-        big_id, _ = stream.submit(CHAT, _big(5))
-        await _settle()
-        stream.cancel(big_id)
-        call.gate.release()
-        await _settle()
-        assert len(call.written) == 2
-        assert [(f.id, f.cancel, len(f.part)) for f in call.written[1].frames] == [
-            (big_id, True, 0)
-        ]
-        call.gate.release()
-        await _settle()
-        assert len(call.written) == 2  # nothing more to write
-    finally:
-        call.gate.release()
-        await stream.close()
-
-
-async def test_an_answer_before_the_last_part_stops_the_parts():
-    # The proxy refused the body part-way (over its size limit): the rest stays here.
-    call = FakeCall()
-    stream = GenerateStream(call, "fake")
-    try:
-        big_id, waiter = stream.submit(CHAT, _big(5))
-        await _settle()
-        refused = proxy_pb2.GenerateResult(id=big_id, done=True, error={"http_status": 413})
-        call.results.put_nowait(proxy_pb2.GenerateResults(results=[refused]))
-        await _settle()
-        (result,) = await waiter.take(asyncio.get_running_loop().time() + 1)
-        assert result.error.http_status == 413
-        call.gate.release()
-        await _settle()
-        assert len(call.written) == 1
-    finally:
-        call.gate.release()
-        await stream.close()
+    assert encoded == message.SerializeToString()
+    assert envelope_pb2.OpenAIRequest.FromString(encoded) == message
+    # At the threshold the body still goes on the shared stream, as a message.
+    small = generation_request(envelope, body[:SHARED_STREAM_MAX_BODY])
+    assert small == envelope_pb2.OpenAIRequest(
+        envelope=envelope, body=body[:SHARED_STREAM_MAX_BODY]
+    )
 
 
 class Metered(proxy_pb2_grpc.InferenceProxyServiceServicer):

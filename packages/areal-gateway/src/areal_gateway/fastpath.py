@@ -32,7 +32,7 @@ from areal_gateway.openai.forward import (
     choose_request_id,
     parse_model_and_stream,
     parse_object,
-    receive_parts,
+    receive_body,
 )
 from areal_gateway.openai.responses import endpoint as responses
 from areal_gateway.openai.responses.store import ResponseStore
@@ -163,10 +163,9 @@ class GenerationFastPath:
             elif name == b"x-request-id" and rid is None:
                 rid = value.decode("latin-1")
         principal = gw.auth.authenticate(bearer_key(auth))
-        parts = await receive_parts(receive, length, gw.settings.max_body_bytes)
-        if endpoint is not responses.RESPONSES and sum(map(len, parts)) > screen.SCREEN_MIN_BODY:
-            # Kept in its parts: the screen reads them as they are, and so does the proxy.
-            found = await self._screened(endpoint, parts)
+        body = await receive_body(receive, length, gw.settings.max_body_bytes)
+        if endpoint is not responses.RESPONSES and len(body) > screen.SCREEN_MIN_BODY:
+            found = await self._screened(endpoint, body)
             if found is not None:
                 model, stream, prefix = found
                 return GenerationResponse(
@@ -176,11 +175,10 @@ class GenerationFastPath:
                     choose_request_id(rid),
                     model,
                     stream,
-                    parts,
+                    body,
                     None,
                     prefix,
                 )
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
         doc = parse_object(body)
         if endpoint is responses.RESPONSES:
             return responses.prepare(gw, self.responses, principal, choose_request_id(rid), doc)
@@ -191,14 +189,14 @@ class GenerationFastPath:
         )
 
     async def _screened(
-        self, endpoint: Endpoint, parts: list[bytes]
+        self, endpoint: Endpoint, body: bytes
     ) -> tuple[str, bool, list[int]] | None:
         """What the screen read from a huge body (or the error it found), None if it failed:
         the caller then parses the body itself."""
         kind = screen.CHAT if endpoint is CHAT else screen.COMPLETION
         try:
             assert self.gateway is not None
-            raw = await self.gateway.screen.call(kind, *parts)
+            raw = await self.gateway.screen.call(kind, body)
         except OffloadFailed as exc:
             log.warning("body screen: %s; parsing the body here", exc)
             return None

@@ -51,10 +51,6 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-# A request body: whole, or in the parts it came in (a huge one, multiplex.py), joined only
-# once the screen has let it through.
-Body = bytes | list[bytes]
-
 
 @dataclass(frozen=True, slots=True)
 class InferenceConfig:
@@ -100,23 +96,18 @@ class InferenceHandler:
         # cannot hold, without this process touching the body (screen.py).
         self.screen = screen
 
-    async def _screened(self, kind: bytes, body: Body) -> bytes:
-        """The body, joined, once the screen has let it through: a huge body whose prompt
-        cannot fit is refused on the screen's word (without this process joining or parsing
-        it); anything else (and a screen that failed) goes on to this proxy's own checks."""
-        parts = [body] if isinstance(body, bytes) else body
-        size = sum(map(len, parts))
-        if self.screen is not None and size > SCREEN_MIN_BODY and self.context_length:
-            try:
-                answer = orjson.loads(await self.screen.call(kind, *parts))
-            except OffloadFailed as exc:
-                log.warning("prompt screen: %s; checking the prompt here", exc)
-                answer = {}
-            if "tokens" in answer:
-                raise self._too_long(
-                    answer["tokens"], answer["param"], at_least=not answer["exact"]
-                )
-        return body if isinstance(body, bytes) else b"".join(parts)
+    async def _screened(self, kind: bytes, body: bytes) -> None:
+        """Refuse a huge body whose prompt cannot fit, on the screen's word; anything else
+        (and a screen that failed) goes on to this proxy's own checks."""
+        if self.screen is None or len(body) <= SCREEN_MIN_BODY or not self.context_length:
+            return
+        try:
+            answer = orjson.loads(await self.screen.call(kind, body))
+        except OffloadFailed as exc:
+            log.warning("prompt screen: %s; checking the prompt here", exc)
+            return
+        if "tokens" in answer:
+            raise self._too_long(answer["tokens"], answer["param"], at_least=not answer["exact"])
 
     async def _off_loop(self, heavy: bool, fn: Callable[..., _T], /, *args: Any) -> _T:
         """`fn(*args)` on the executor when `heavy`; a small prompt costs less than the hop."""
@@ -329,8 +320,10 @@ class InferenceHandler:
             req.tools,
         )
 
-    async def chat(self, body: Body, env: Envelope | None = None) -> tuple[bytes, GenerationRecord]:
-        body = await self._screened(SCREEN_CHAT, body)
+    async def chat(
+        self, body: bytes, env: Envelope | None = None
+    ) -> tuple[bytes, GenerationRecord]:
+        await self._screened(SCREEN_CHAT, body)
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
@@ -391,9 +384,9 @@ class InferenceHandler:
         return orjson.dumps(body_out), recs[0]
 
     async def chat_stream(
-        self, body: Body, env: Envelope | None = None
+        self, body: bytes, env: Envelope | None = None
     ) -> AsyncGenerator[bytes, None]:
-        body = await self._screened(SCREEN_CHAT, body)
+        await self._screened(SCREEN_CHAT, body)
         req = parse_chat(body)
         rid = out.response_id("chatcmpl")
         ot, prompt = await self._chat_turn(body, req, env, rid)
@@ -569,9 +562,9 @@ class InferenceHandler:
         return out_
 
     async def completion(
-        self, body: Body, env: Envelope | None = None
+        self, body: bytes, env: Envelope | None = None
     ) -> tuple[bytes, GenerationRecord]:
-        body = await self._screened(SCREEN_COMPLETION, body)
+        await self._screened(SCREEN_COMPLETION, body)
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)
@@ -617,9 +610,9 @@ class InferenceHandler:
         return orjson.dumps(body_out), recs[0][0]
 
     async def completion_stream(
-        self, body: Body, env: Envelope | None = None
+        self, body: bytes, env: Envelope | None = None
     ) -> AsyncGenerator[bytes, None]:
-        body = await self._screened(SCREEN_COMPLETION, body)
+        await self._screened(SCREEN_COMPLETION, body)
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
         rid = out.response_id("cmpl")
         ot = await self._begin(env, None, rid)

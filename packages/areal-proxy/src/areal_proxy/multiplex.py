@@ -19,12 +19,6 @@ memory for the request; the engine decides for itself what it does with output n
 when the proxy reads again). A client that stops reading entirely holds its request until it
 reads again, cancels, or its deadline passes.
 
-A body too big for one message comes in parts (`GenerateFrame.more`/`part`): the request
-frame, then its body a part at a time, interleaved with other requests' frames. The proxy
-holds the parts (never more than MAX_MESSAGE_BYTES of them) and starts the request once the
-last one is in, handing the parts on unjoined: the prompt screen reads them as they are, and
-only a body it lets through is joined (inference.py).
-
 Two metrics show it: `areal_proxy_stream_held_results` (results queued for requests whose
 caller gave no credit, all streams together; read when scraped) and
 `areal_proxy_stream_credit_waits_total` (times a request's task waited for room in its queue:
@@ -42,12 +36,10 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.settings import MAX_MESSAGE_BYTES
 from areal_runtime.batching import take_batch
-from areal_runtime.errors import InvalidRequest, PayloadTooLarge, ServiceError
+from areal_runtime.errors import InvalidRequest, ServiceError
 
 if TYPE_CHECKING:
-    from areal_proxy.inference import Body
     from areal_proxy.service import ProxyServicer
 
 log = logging.getLogger(__name__)
@@ -91,17 +83,6 @@ class _Flow:
             self.space.set_result(None)
 
 
-class _Parts:
-    """A request whose body is still coming in parts."""
-
-    __slots__ = ("frame", "parts", "size")
-
-    def __init__(self, frame: proxy_pb2.GenerateFrame) -> None:
-        self.frame = frame
-        self.parts: list[bytes] = []
-        self.size = 0
-
-
 class GenerateStream:
     """One open `Generate` call: its request tasks and its single writer."""
 
@@ -110,8 +91,6 @@ class GenerateStream:
         self.context = context
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.flows: dict[int, _Flow] = {}
-        # Requests whose body is still coming in parts, by id.
-        self._parts: dict[int, _Parts] = {}
         # Flows with results and credit, in the order they became so (the writer's turn).
         self._ready: deque[_Flow] = deque()
         # Results to write now: taken from ready flows, or errors outside any flow.
@@ -180,56 +159,30 @@ class GenerateStream:
     async def _read_loop(self, frames: AsyncIterator[proxy_pb2.GenerateFrames]) -> None:
         async for message in frames:
             for frame in message.frames:
-                rid = frame.id
                 if frame.cancel:
-                    self._parts.pop(rid, None)
-                    task = self.tasks.get(rid)
+                    task = self.tasks.get(frame.id)
                     if task is not None:
                         task.cancel()
-                    self._drop(rid)
+                    self._drop(frame.id)
                 elif frame.credit:
-                    self._grant(rid, frame.credit)
-                elif not frame.HasField("request"):
-                    # A part of a body. One for an id that holds none belongs to a request
-                    # that was cancelled or refused: dropped.
-                    if (held := self._parts.get(rid)) is not None:
-                        self._add_part(held, frame)
-                elif rid in self.tasks or rid in self.flows or rid in self._parts:
-                    self._emit_error(rid, InvalidRequest(f"request id {rid} is already in use"))
-                elif frame.more:
-                    self._parts[rid] = _Parts(frame)
+                    self._grant(frame.id, frame.credit)
+                elif frame.id in self.tasks or frame.id in self.flows:
+                    self._emit_error(
+                        frame.id,
+                        InvalidRequest(f"request id {frame.id} is already in use"),
+                    )
                 else:
-                    self._start(frame, frame.request.body)
-
-    def _add_part(self, held: _Parts, frame: proxy_pb2.GenerateFrame) -> None:
-        rid = frame.id
-        part = frame.part
-        held.size += len(part)
-        if held.size > MAX_MESSAGE_BYTES:
-            # Answered now; the parts still on their way are dropped as they come (the id
-            # is never used again).
-            del self._parts[rid]
-            limit = MAX_MESSAGE_BYTES // (1024 * 1024)
-            self._emit_error(rid, PayloadTooLarge(f"The request body is over {limit} MiB."))
-            return
-        held.parts.append(part)
-        if not frame.more:
-            del self._parts[rid]
-            self._start(held.frame, held.parts)
-
-    def _start(self, frame: proxy_pb2.GenerateFrame, body: Body) -> None:
-        rid = frame.id
-        flow = self.flows[rid] = _Flow(frame.window)
-        task = asyncio.ensure_future(self._serve(frame, flow, body))
-        self.tasks[rid] = task
-        task.add_done_callback(functools.partial(self._forget, rid))
+                    flow = self.flows[frame.id] = _Flow(frame.window)
+                    task = asyncio.ensure_future(self._serve(frame, flow))
+                    self.tasks[frame.id] = task
+                    task.add_done_callback(functools.partial(self._forget, frame.id))
 
     # -- one request --
 
     def _forget(self, rid: int, _task: asyncio.Task[None]) -> None:
         self.tasks.pop(rid, None)
 
-    async def _serve(self, frame: proxy_pb2.GenerateFrame, flow: _Flow, body: Body) -> None:
+    async def _serve(self, frame: proxy_pb2.GenerateFrame, flow: _Flow) -> None:
         rid = frame.id
         request = frame.request
         stream = request.envelope.stream
@@ -240,12 +193,12 @@ class GenerateStream:
         handler = self.servicer.handler
         work: Callable[[], Awaitable[None]]
         if stream:
-            gen: Callable[[Body, Any], AsyncGenerator[bytes, None]] = (
+            gen: Callable[[bytes, Any], AsyncGenerator[bytes, None]] = (
                 handler.chat_stream if frame.kind == _CHAT else handler.completion_stream
             )
 
             async def work() -> None:
-                async with aclosing(gen(body, request.envelope)) as chunks:
+                async with aclosing(gen(request.body, request.envelope)) as chunks:
                     async for data in chunks:
                         # Waits while the request's queue is full: the next chunk (and the
                         # engine read behind it) waits for the caller's client.
@@ -255,8 +208,8 @@ class GenerateStream:
             fn = handler.chat if frame.kind == _CHAT else handler.completion
 
             async def work() -> None:
-                answer, _ = await fn(body, request.envelope)
-                self._finish(flow, proxy_pb2.GenerateResult(id=rid, data=answer, done=True))
+                body, _ = await fn(request.body, request.envelope)
+                self._finish(flow, proxy_pb2.GenerateResult(id=rid, data=body, done=True))
 
         try:
             err = await self.servicer.run_generation(rpc, request, None, work)

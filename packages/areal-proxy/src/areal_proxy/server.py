@@ -24,7 +24,7 @@ from areal_proxy.recorder import Recorder
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
-from areal_proxy.settings import MAX_MESSAGE_BYTES, Settings
+from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime import tls
 from areal_runtime.auth import server_interceptors
@@ -33,6 +33,7 @@ from areal_runtime.ready import write_ready_file
 
 log = logging.getLogger("areal_proxy")
 
+_MAX_MESSAGE = 64 * 1024 * 1024
 # grpc.health names: "" (the whole server) and each service this mode serves.
 _SERVICE_NAMES = (
     "",
@@ -124,8 +125,8 @@ class ProxyServer:
         self.server = grpc.aio.server(
             interceptors=server_interceptors(),
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
                 # The gateway's Generate stream stays open while idle or while a long
                 # generation sends nothing, and its keepalive pings (every 30 s) must not
                 # count as abuse (gRPC's default would end the stream after a few).

@@ -10,9 +10,6 @@ from areal_proxy import __version__
 from areal_runtime.settings import parse_settings
 
 ENV_PREFIX = "AREAL_PROXY_"
-# The largest gRPC message the proxy takes or sends, and so the largest request body, whether
-# it comes in one message or in parts (multiplex.py).
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass

@@ -12,7 +12,6 @@ from areal_gateway.clients.common import ProxyUnreachable
 from areal_gateway.clients.proxy import (
     GenerateStream,
     GenerationRequest,
-    LargeRequest,
     ProxyClient,
     ProxyPool,
     generation_request,
@@ -25,7 +24,6 @@ __all__ = [
     "AgentProxyPool",
     "GenerateStream",
     "GenerationRequest",
-    "LargeRequest",
     "ProxyClient",
     "ProxyPool",
     "ProxyUnreachable",

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -49,14 +47,17 @@ _DEADLINE_GRACE_S = 0.05
 WINDOW = 32
 CREDIT_STEP = WINDOW // 2
 
-# A request body over this many bytes goes on the shared stream in parts of at most this
-# many bytes (`GenerateFrame.more`/`part`), each in its own message, with the small frames
-# that are ready going first. Messages on one HTTP/2 stream travel in order, and copying one
-# of megabytes holds the GIL for milliseconds on either side, so a body in one frame would
-# hold every small request behind it; in parts, a small request waits for one part at most.
-PART_BYTES = 256 * 1024
+# A request body over this many bytes goes in a call of its own, not as a frame on the
+# shared stream: messages on one HTTP/2 stream travel in order, so a frame of megabytes
+# would hold every small request behind it on the wire and in the proxy's reader, while
+# separate calls are separate HTTP/2 streams that share the connection frame by frame.
+SHARED_STREAM_MAX_BODY = 256 * 1024
 
 _SERVICE = "/areal.proxy.v1.InferenceProxyService/"
+
+# What a generation call sends: the message itself, or, for a body over
+# SHARED_STREAM_MAX_BODY, the call's request already encoded (`generation_request`).
+GenerationRequest = envelope_pb2.OpenAIRequest | bytes
 
 # The tag of `OpenAIRequest.body` (field 2, length-delimited).
 _BODY_TAG = b"\x12"
@@ -71,58 +72,16 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-@dataclass(frozen=True, slots=True)
-class LargeRequest:
-    """A generation request whose body is over PART_BYTES, kept in parts of at most that."""
-
-    envelope: envelope_pb2.Envelope
-    parts: tuple[bytes, ...]
-
-    def encoded(self) -> bytes:
-        """The request as a call of its own sends it (--no-proxy-streams): the envelope's
-        encoding, then the body field after it (a protobuf message is the concatenation of its
-        fields). Putting megabytes in a message and encoding it copies them twice; this join
-        copies them once."""
-        head = envelope_pb2.OpenAIRequest(envelope=self.envelope).SerializeToString()
-        size = sum(map(len, self.parts))
-        return b"".join((head, _BODY_TAG, _varint(size), *self.parts))
-
-
-# What a generation call sends: a message, or a body over PART_BYTES in its parts.
-GenerationRequest = envelope_pb2.OpenAIRequest | LargeRequest
-
-
-def generation_request(
-    envelope: envelope_pb2.Envelope, body: bytes | Sequence[bytes]
-) -> GenerationRequest:
-    """The request of one generation call, for a body whole or in the chunks it was read in
-    (never joined here when it is big)."""
-    chunks = (body,) if isinstance(body, bytes) else body
-    if sum(map(len, chunks)) <= PART_BYTES:
-        whole = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return envelope_pb2.OpenAIRequest(envelope=envelope, body=whole)
-    return LargeRequest(envelope, tuple(_repart(chunks, PART_BYTES)))
-
-
-def _repart(chunks: Iterable[bytes], size: int) -> list[bytes]:
-    """The bytes of `chunks` in parts of `size` (the last one shorter): a server reads a body
-    in pieces of its own choosing, from a few KiB to all of it."""
-    parts: list[bytes] = []
-    held: list[bytes] = []
-    room = size
-    for chunk in chunks:
-        at, end = 0, len(chunk)
-        while at < end:
-            take = min(room, end - at)
-            held.append(chunk if take == end else chunk[at : at + take])
-            at += take
-            room -= take
-            if room == 0:
-                parts.append(held[0] if len(held) == 1 else b"".join(held))
-                held, room = [], size
-    if held:
-        parts.append(held[0] if len(held) == 1 else b"".join(held))
-    return parts
+def generation_request(envelope: envelope_pb2.Envelope, body: bytes) -> GenerationRequest:
+    """The request of one generation call. A small body goes in a message, for the shared
+    stream. A big one is encoded here, as its own call sends it: the envelope's encoding, then
+    the body field written after it (a protobuf message is the concatenation of its fields).
+    Putting megabytes in a message and encoding it costs ~10 ms of GIL per 7 MB (the bytes
+    are copied twice), where one join of the parts costs ~0.2 ms."""
+    if len(body) <= SHARED_STREAM_MAX_BODY:
+        return envelope_pb2.OpenAIRequest(envelope=envelope, body=body)
+    head = envelope_pb2.OpenAIRequest(envelope=envelope).SerializeToString()
+    return b"".join((head, _BODY_TAG, _varint(len(body)), body))
 
 
 def _deadline(timeout_s: float | None) -> float:
@@ -187,9 +146,7 @@ class GenerateStream:
     """One open `Generate` call to a proxy, shared by every generation request sent there.
 
     Requests go out as frames and results come back as frames; one writer sends every frame
-    that is ready as one message, one reader hands each result to its request. The parts of
-    a large request's body go one per message, each with the small frames ready by then, so
-    they hold no small request back for longer than one part takes. When the call
+    that is ready as one message, one reader hands each result to its request. When the call
     ends, each request still waiting fails: one the proxy never read (the call ended cleanly,
     e.g. the proxy is shutting down) as `ProxyUnreachable`, so it may go elsewhere; one that
     may have run as a 502.
@@ -201,32 +158,20 @@ class GenerateStream:
         self._next_id = 0
         self._waiters: dict[int, _Waiter] = {}
         self._out: list[proxy_pb2.GenerateFrame] = []
-        # Large requests whose body parts are still to go: (id, parts), in order.
-        self._bulk: deque[tuple[int, deque[bytes]]] = deque()
         self._wake = asyncio.Event()
         self.alive = True
         self._writer = asyncio.ensure_future(self._write_loop())
         self._reader = asyncio.ensure_future(self._read_loop())
 
-    def submit(self, kind: int, request: GenerationRequest) -> tuple[int, _Waiter]:
+    def submit(self, kind: int, request: envelope_pb2.OpenAIRequest) -> tuple[int, _Waiter]:
         if not self.alive:
             raise ProxyUnreachable(self.address, "its stream has closed")
         self._next_id += 1
         rid = self._next_id
         waiter = self._waiters[rid] = _Waiter()
-        if isinstance(request, LargeRequest):
-            head = envelope_pb2.OpenAIRequest(envelope=request.envelope)
-            frame = proxy_pb2.GenerateFrame(
-                id=rid,
-                kind=kind,  # type: ignore[arg-type]
-                request=head,
-                window=WINDOW,
-                more=True,
-            )
-            self._bulk.append((rid, deque(request.parts)))
-        else:
-            frame = proxy_pb2.GenerateFrame(id=rid, kind=kind, request=request, window=WINDOW)  # type: ignore[arg-type]
-        self._send(frame)
+        self._send(
+            proxy_pb2.GenerateFrame(id=rid, kind=kind, request=request, window=WINDOW)  # type: ignore[arg-type]
+        )
         return rid, waiter
 
     def consumed(self, rid: int, waiter: _Waiter, n: int) -> None:
@@ -237,24 +182,9 @@ class GenerateStream:
             waiter.consumed = 0
 
     def cancel(self, rid: int) -> None:
-        """The request's client went away: the proxy stops it (and aborts its engine request),
-        or drops the parts of its body it holds; the parts not sent yet never go."""
+        """The request's client went away: the proxy stops it (and aborts its engine request)."""
         if self._waiters.pop(rid, None) is not None and self.alive:
-            self._unqueue(rid)
             self._send(proxy_pb2.GenerateFrame(id=rid, cancel=True))
-
-    def _unqueue(self, rid: int) -> None:
-        for entry in self._bulk:
-            if entry[0] == rid:
-                self._bulk.remove(entry)
-                return
-
-    def _next_part(self) -> proxy_pb2.GenerateFrame:
-        rid, parts = self._bulk[0]
-        part = parts.popleft()
-        if not parts:
-            self._bulk.popleft()
-        return proxy_pb2.GenerateFrame(id=rid, part=part, more=bool(parts))
 
     def _send(self, frame: proxy_pb2.GenerateFrame) -> None:
         self._out.append(frame)
@@ -265,10 +195,8 @@ class GenerateStream:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while self._out or self._bulk:
+                while self._out:
                     frames, self._out = take_batch(self._out, _frame_size)
-                    if self._bulk:
-                        frames.append(self._next_part())
                     await self._call.write(proxy_pb2.GenerateFrames(frames=frames))
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             # The reader sees the call's end too and fails the waiting requests.
@@ -287,9 +215,6 @@ class GenerateStream:
                         continue  # cancelled by us
                     if result.done:
                         del self._waiters[result.id]
-                        # Answered before its whole body went (refused): the rest stays here.
-                        if self._bulk:
-                            self._unqueue(result.id)
                     waiter.push(result)
         except grpc.RpcError as exc:
             error = proxy_error(exc, self.address, started=True)
@@ -301,7 +226,6 @@ class GenerateStream:
     def _end(self, error: ServiceError | None) -> None:
         self.alive = False
         self._writer.cancel()
-        self._bulk.clear()
         waiters, self._waiters = self._waiters, {}
         for waiter in waiters.values():
             if error is None and not waiter.started:
@@ -321,7 +245,7 @@ class GenerateStream:
 
 
 def _frame_size(frame: proxy_pb2.GenerateFrame) -> int:
-    return len(frame.request.body) + len(frame.part)
+    return len(frame.request.body)
 
 
 class ProxyClient:
@@ -344,8 +268,7 @@ class ProxyClient:
         self.address = address
         self._channel = channel
         self._stub = proxy_pb2_grpc.InferenceProxyServiceStub(channel)
-        # The generation calls for a large request, encoded here: gRPC sends the bytes as they
-        # are (--no-proxy-streams).
+        # The generation calls for a request already encoded: gRPC sends the bytes as they are.
         response = envelope_pb2.OpenAIResponse.FromString
         chunk = envelope_pb2.StreamChunk.FromString
         self._encoded: dict[str, Any] = {
@@ -410,18 +333,16 @@ class ProxyClient:
         except TimeoutError:
             raise _timeout(self.address) from None
 
-    def _method(self, rpc: str, request: GenerationRequest) -> tuple[Any, Any]:
-        """The call for `request` and what it sends (a large one, encoded already)."""
-        if isinstance(request, LargeRequest):
-            return self._encoded[rpc], request.encoded()
-        return getattr(self._stub, rpc), request
+    def _method(self, rpc: str, request: GenerationRequest) -> Any:
+        return self._encoded[rpc] if isinstance(request, bytes) else getattr(self._stub, rpc)
 
     async def _whole(
         self, kind: int, rpc: str, request: GenerationRequest, timeout_s: float | None
     ) -> bytes:
         deadline = _deadline(timeout_s)
-        if (stream := await self._stream(deadline)) is None:
-            return await self._unary(*self._method(rpc, request), timeout_s)
+        # A request already encoded has a body too big for the shared stream.
+        if isinstance(request, bytes) or (stream := await self._stream(deadline)) is None:
+            return await self._unary(self._method(rpc, request), request, timeout_s)
         rid, waiter = stream.submit(kind, request)
         done = False
         try:
@@ -442,8 +363,8 @@ class ProxyClient:
         self, kind: int, rpc: str, request: GenerationRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
         deadline = _deadline(timeout_s)
-        if (stream := await self._stream(deadline)) is None:
-            async for part in self._call_stream(*self._method(rpc, request), timeout_s):
+        if isinstance(request, bytes) or (stream := await self._stream(deadline)) is None:
+            async for part in self._call_stream(self._method(rpc, request), request, timeout_s):
                 yield part
             return
         rid, waiter = stream.submit(kind, request)
@@ -474,7 +395,9 @@ class ProxyClient:
 
     # -- one gRPC call per request (--no-proxy-streams) --
 
-    async def _unary(self, method: Any, request: Any, timeout_s: float | None) -> bytes:
+    async def _unary(
+        self, method: Any, request: GenerationRequest, timeout_s: float | None
+    ) -> bytes:
         # The request leaves with the call: whether it may go elsewhere is decided before.
         await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = method(request, timeout=timeout_s, metadata=self._md)
@@ -488,7 +411,7 @@ class ProxyClient:
         return bytes(resp.body)
 
     async def _call_stream(
-        self, method: Any, request: Any, timeout_s: float | None
+        self, method: Any, request: GenerationRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
         await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
         call = method(request, timeout=timeout_s, metadata=self._md)

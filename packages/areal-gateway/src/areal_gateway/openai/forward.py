@@ -81,18 +81,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The whole body off the raw ASGI messages, refusing more than `limit` bytes (declared
-    in Content-Length or actually sent)."""
-    parts = await receive_parts(receive, declared, limit)
-    if len(parts) == 1:
-        return parts[0]
-    return b"".join(parts)
-
-
-async def receive_parts(receive: Receive, declared: str | None, limit: int) -> list[bytes]:
-    """The body as the server read it (at least one part, maybe empty), refusing more than
-    `limit` bytes. The one body reader: the generation fast path keeps a huge body in its
-    parts (joining megabytes holds the GIL for milliseconds), every other endpoint reaches it
-    through `read_body`."""
+    in Content-Length or actually sent). The one body reader: the generation fast path has
+    no Request object, every other endpoint reaches it through `read_body`."""
     if declared is not None:
         try:
             size = int(declared)
@@ -117,7 +107,9 @@ async def receive_parts(receive: Receive, declared: str | None, limit: int) -> l
                 break
         elif message["type"] == "http.disconnect":
             raise Cancelled("Client closed the request.")
-    return parts or [b""]
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -188,7 +180,7 @@ class GenerationResponse(Response):
         request_id: str,
         model: str,
         stream: bool,
-        body: bytes | list[bytes],
+        body: bytes,
         doc: dict[str, Any] | None,
         prefix: list[int] | None = None,
     ) -> None:
@@ -198,7 +190,6 @@ class GenerationResponse(Response):
         self.request_id = request_id
         self.model = model
         self.stream = stream
-        # A huge body stays in the parts it was read in (fastpath.py).
         self.raw_body = body
         # None when a screen read the body (openai/screen.py): parsed here only if needed.
         self.doc = doc
@@ -211,8 +202,7 @@ class GenerationResponse(Response):
 
     def document(self) -> dict[str, Any]:
         if self.doc is None:
-            body = self.raw_body
-            self.doc = parse_object(body if isinstance(body, bytes) else b"".join(body))
+            self.doc = parse_object(self.raw_body)
         return self.doc
 
     def _prefix(self) -> list[int]:

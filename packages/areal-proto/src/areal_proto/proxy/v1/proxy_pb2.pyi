@@ -770,8 +770,6 @@ class GenerateFrame(_message.Message):
     CANCEL_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
     CREDIT_FIELD_NUMBER: _builtins.int
-    MORE_FIELD_NUMBER: _builtins.int
-    PART_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Chosen by the caller; unique among the requests open on this stream."""
     kind: Global___GenerateKind.ValueType
@@ -783,15 +781,6 @@ class GenerateFrame(_message.Message):
     """With a request: the results of it the caller buffers (0: no limit, no credits)."""
     credit: _builtins.int
     """Without a request: the caller's client consumed this many more results of request `id`."""
-    more: _builtins.bool
-    """A request body too big for one frame comes in parts. Its request frame sets `more` and
-    carries the envelope with an empty body; each later frame for the same id carries the
-    next part of the body in `part`, and all but the last one set `more`. The proxy starts
-    the request once the last part is in; a cancel drops the parts it holds. Parts keep every
-    message small: copying a body of megabytes in one message holds either side's GIL for
-    milliseconds, and every other request on the stream waits that long.
-    """
-    part: _builtins.bytes
     @_builtins.property
     def request(self) -> _envelope_pb2.OpenAIRequest:
         """The request; envelope.stream says whole or streamed. Absent on a cancel or a credit."""
@@ -805,12 +794,10 @@ class GenerateFrame(_message.Message):
         cancel: _builtins.bool = ...,
         window: _builtins.int = ...,
         credit: _builtins.int = ...,
-        more: _builtins.bool = ...,
-        part: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "credit", b"credit", "id", b"id", "kind", b"kind", "more", b"more", "part", b"part", "request", b"request", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "credit", b"credit", "id", b"id", "kind", b"kind", "request", b"request", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
