@@ -1,7 +1,7 @@
 """Does one huge request stall a data proxy? Small-request latency beside 7 MB prompts.
 
     uv run python benchmarks/proxy_stall.py [--big-mb 7] [--big 3] [--quiet-s 8] \
-        [--loaded-s 20] [--context-lengths 0,1000000]
+        [--loaded-s 20] [--context-lengths 0,1000000] [--no-control]
 
 A real router, gateway and one data proxy (through tests/e2e/stack.py, the code the CLI uses
 to spawn components) in front of the *zero-cost fake engine* (benchmarks/fake_engine.py), so
@@ -10,7 +10,12 @@ model's 2048):
 
 1. quiet: small chats (admin key, "Hi", 16 tokens) one at a time through the gateway for
    `--quiet-s`, their p50/p99/max;
-2. loaded: the same small chats while `--big` requests, each a chat body of `--big-mb` MB
+2. control (unless `--no-control`): the same small chats for `--quiet-s` beside one busy
+   loop in Linux's idle scheduling class at `nice` 10, a process that does none of areal's
+   work. It is the least any CPU-heavy work costs the small chats on this machine: the
+   prompt screens run at exactly that priority, so a loaded phase whose p99 is near this
+   phase's pays for the CPU being busy, not for areal stalling;
+3. loaded: the same small chats while `--big` requests, each a chat body of `--big-mb` MB
    (one user message of random words, under the gateway's 8 MiB limit) with a session key,
    run concurrently and again as each finishes, for at least `--loaded-s` and until each was
    answered once.
@@ -34,6 +39,7 @@ import os
 import random
 import statistics
 import string
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,6 +75,16 @@ def big_body(mb: float) -> bytes:
             "max_tokens": 16,
         }
     )
+
+
+# The control phase's busy loop: idle class, nice 10, as the screens' children run.
+_IDLE_BURNER = (
+    "import os\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "os.nice(10)\n"
+    "while True:\n"
+    "    pass\n"
+)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -247,11 +263,24 @@ def scenario(tmp: Path, engine_url: str, ctx: int, args: argparse.Namespace, big
         proxy = (stack.proxies[0].address, stack.env["AREAL_INTERNAL_TOKEN"])
         pids = {"gateway": stack.gateway.popen.pid, "proxy": stack.proxies[0].popen.pid}
         out = []
-        for keys_, big_, secs in (([], None, args.quiet_s), (keys, big, args.loaded_s)):
+        phases = [("quiet", [], None, args.quiet_s)]
+        if args.control:
+            phases.append(("control", [], None, args.quiet_s))
+        phases.append(("loaded", keys, big, args.loaded_s))
+        for name, keys_, big_, secs in phases:
             before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+            burner = None
+            if name == "control":
+                burner = subprocess.Popen([sys.executable, "-c", _IDLE_BURNER])
             t0 = time.perf_counter()
-            r = asyncio.run(phase(stack.gateway_url, secs, keys_, big_, proxy))
+            try:
+                r = asyncio.run(phase(stack.gateway_url, secs, keys_, big_, proxy))
+            finally:
+                if burner is not None:
+                    burner.kill()
+                    burner.wait()
             wall = time.perf_counter() - t0
+            r["name"] = name
             # Share of one core each process used over the phase.
             r["cpu"] = {k: (cpu_seconds(pid) - before[k]) / wall for k, pid in pids.items()}
             r["cpu"]["senders"] = r["sender_cpu"] / wall
@@ -268,6 +297,12 @@ def main() -> int:
     ap.add_argument("--quiet-s", type=float, default=8.0)
     ap.add_argument("--loaded-s", type=float, default=20.0)
     ap.add_argument("--context-lengths", default="0,1000000")
+    ap.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the phase beside an idle-class busy loop",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="areal-stall-"))
     engine = launch(
@@ -292,8 +327,9 @@ def main() -> int:
     )
     print(hdr)
     print("-" * len(hdr))
-    for ctx, (quiet, loaded) in results:
-        for name, r in (("quiet", quiet), ("loaded", loaded)):
+    for ctx, phases in results:
+        for r in phases:
+            name = r["name"]
             st = r["stats"]
             by: dict[tuple[int, str], list[float]] = {}
             for status, secs, code in r["bigs"]:  # type: ignore[attr-defined]
@@ -308,8 +344,12 @@ def main() -> int:
                 f"{st[0]:>12.2f} {st[1]:>7.2f} {st[2]:>7.1f} | "
                 f"{r['cpu']['gateway']:>7.2f}/{r['cpu']['proxy']:.2f}/{r['cpu']['senders']:<7.2f} | {bigs}"
             )
-        ratio = loaded["p99"] / quiet["p99"] if quiet["p99"] else 0.0
-        print(f"{'':>9} loaded p99 / quiet p99 = {ratio:.1f}x")
+        by_name = {r["name"]: r for r in phases}
+        loaded = by_name["loaded"]
+        for base in ("quiet", "control"):
+            if base in by_name and by_name[base]["p99"]:
+                ratio = loaded["p99"] / by_name[base]["p99"]
+                print(f"{'':>9} loaded p99 / {base} p99 = {ratio:.1f}x")
     return 0
 
 
