@@ -458,3 +458,25 @@ async def test_control_without_dev_mode_is_501_naming_what_is_missing(serve):
     out = await client.generate(GenerationRequest([1], 3))
     assert out.token_ids == [7, 8, 9]
     assert out.weight_version == ""
+
+
+async def test_a_version_lookup_nobody_answered_is_asked_again():
+    # An engine that was not up yet when the first request came has a version once it is.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = VLLMClient(f"http://127.0.0.1:{port}")
+    fake = FakeVLLM()
+    fake.version = "7"
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    try:
+        with pytest.raises(EngineError) as info:
+            await client.generate(GenerationRequest([1], 3))
+        assert info.value.status == 503
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        out = await client.generate(GenerationRequest([1], 3))
+        assert out.weight_version == "7"
+    finally:
+        await client.close()
+        await runner.cleanup()

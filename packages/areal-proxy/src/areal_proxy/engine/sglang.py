@@ -11,6 +11,7 @@ hand.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,12 @@ from areal_proxy.engine.base import (
     GenerationRequest,
     GenerationResult,
     engine_constraint,
+)
+from areal_proxy.engine.transport import (
+    CONNECT_TIMEOUT_S,
+    CONTROL_ATTEMPTS,
+    CONTROL_RETRY_WAIT_S,
+    NOT_CONNECTED,
 )
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -111,11 +118,18 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
 class SGLangClient:
     """One client per engine replica; keeps a pooled connection."""
 
-    def __init__(self, base_url: str, *, timeout: float | None = None, api_key: str = "") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float | None = None,
+        api_key: str = "",
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         # Parsed once: aiohttp would parse the string on every request.
         self._generate_url = URL(self.base_url + "/generate")
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -137,6 +151,19 @@ class SGLangClient:
             self._session = None
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A control call; tried again while its connection cannot be made (transport.py)."""
+        for attempt in range(1, CONTROL_ATTEMPTS + 1):
+            try:
+                return await self._post_once(path, body)
+            except NOT_CONNECTED as e:
+                if attempt == CONTROL_ATTEMPTS:
+                    raise EngineError(
+                        f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+                    ) from e
+            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
+        raise AssertionError("unreachable")
+
+    async def _post_once(self, path: str, body: dict[str, Any] | None) -> Any:
         try:
             async with self._http().post(self.base_url + path, data=orjson.dumps(body or {})) as r:
                 raw = await r.read()
@@ -144,10 +171,8 @@ class SGLangClient:
                     raise EngineError(f"engine {path} -> {r.status}: {raw[:300]!r}", status=502)
                 ctype = r.headers.get("Content-Type", "")
                 return orjson.loads(raw) if raw and "json" in ctype else raw.decode()
-        except aiohttp.ClientConnectorError as e:
-            raise EngineError(
-                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
-            ) from e
+        except NOT_CONNECTED:
+            raise
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
 
@@ -181,7 +206,7 @@ class SGLangClient:
                 if r.status >= 400:
                     raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
                 return orjson.loads(raw)
-        except aiohttp.ClientConnectorError as e:
+        except NOT_CONNECTED as e:
             raise EngineError(
                 f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
             ) from e
@@ -242,7 +267,7 @@ class SGLangClient:
                     )
                     if finish is not None:
                         return
-        except aiohttp.ClientConnectorError as e:
+        except NOT_CONNECTED as e:
             raise EngineError(
                 f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
             ) from e

@@ -46,6 +46,12 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
+from areal_proxy.engine.transport import (
+    CONNECT_TIMEOUT_S,
+    CONTROL_ATTEMPTS,
+    CONTROL_RETRY_WAIT_S,
+    NOT_CONNECTED,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKEN_PREFIX = "token_id:"
@@ -212,11 +218,12 @@ class VLLMClient:
         model: str = "",
         timeout: float | None = None,
         api_key: str = "",
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # Empty: vLLM serves its only model.
         self.model = model
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -254,7 +261,24 @@ class VLLMClient:
         params: dict[str, str] | None = None,
         what: str,
     ) -> Any:
-        """POST to a control endpoint; 404 (not served) becomes a 501."""
+        """POST to a control endpoint; 404 (not served) becomes a 501. Tried again while its
+        connection cannot be made (transport.py)."""
+        for attempt in range(1, CONTROL_ATTEMPTS + 1):
+            try:
+                return await self._control_once(path, body, params, what)
+            except NOT_CONNECTED as e:
+                if attempt == CONTROL_ATTEMPTS:
+                    raise self._unreachable(e) from e
+            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
+        raise AssertionError("unreachable")
+
+    async def _control_once(
+        self,
+        path: str,
+        body: dict[str, Any] | None,
+        params: dict[str, str] | None,
+        what: str,
+    ) -> Any:
         try:
             async with self._http().post(
                 self.base_url + path, data=orjson.dumps(body or {}), params=params
@@ -268,8 +292,8 @@ class VLLMClient:
                 if r.status >= 400:
                     raise _error(raw, r.status, path)
                 return orjson.loads(raw) if raw else None
-        except aiohttp.ClientConnectorError as e:
-            raise self._unreachable(e) from e
+        except NOT_CONNECTED:
+            raise
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
         except orjson.JSONDecodeError as e:
@@ -301,14 +325,15 @@ class VLLMClient:
     async def _version(self) -> str:
         if self._weight_version is None:
             version = ""
+            timeout = aiohttp.ClientTimeout(total=5, sock_connect=self._timeout.sock_connect)
             try:
-                async with self._http().get(
-                    self.base_url + "/weight_info", timeout=aiohttp.ClientTimeout(total=5)
-                ) as r:
+                async with self._http().get(self.base_url + "/weight_info", timeout=timeout) as r:
                     if r.status == 200:
                         version = str((await r.json(loads=orjson.loads)).get("weight_version", ""))
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                pass
+            except ValueError:
+                pass  # an answer, unreadable: this engine has no version to give
+            except (aiohttp.ClientError, TimeoutError):
+                return ""  # no answer: asked again on the next request, not taken as "none"
             self._weight_version = version
         return self._weight_version
 
@@ -335,7 +360,7 @@ class VLLMClient:
                 if r.status >= 400:
                     raise _error(raw, r.status, "/v1/completions")
             out = orjson.loads(raw)
-        except aiohttp.ClientConnectorError as e:
+        except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             if flight.aborted:
@@ -415,7 +440,7 @@ class VLLMClient:
                                 yield chunk
                             else:
                                 final = chunk
-        except aiohttp.ClientConnectorError as e:
+        except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
         except orjson.JSONDecodeError as e:
             raise EngineError(f"engine sent an unreadable event: {e}", status=502) from e

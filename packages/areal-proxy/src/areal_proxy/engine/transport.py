@@ -1,0 +1,20 @@
+"""What a failed HTTP call to an engine tells about the request it carried."""
+
+from __future__ import annotations
+
+import aiohttp
+
+# How long a connection to an engine may take to open (aiohttp's `sock_connect`).
+CONNECT_TIMEOUT_S = 5.0
+
+# The connection was never made (refused, or not answered within `sock_connect`), so no byte
+# of the request reached the engine: it may be sent again, or elsewhere. aiohttp raises a
+# connect timeout as `ConnectionTimeoutError`, which is not a `ClientConnectorError`.
+NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+
+# Tries of a control call (pause, resume, weights, flush, abort) whose connection could not be
+# made, and the wait before the n-th retry (n x this). A CPU engine generating on every core
+# has left a loopback connect unanswered for 5 s (CI, vLLM, a pause beside a long stream);
+# failing the trainer's pause on that is worse than trying again.
+CONTROL_ATTEMPTS = 3
+CONTROL_RETRY_WAIT_S = 0.2
