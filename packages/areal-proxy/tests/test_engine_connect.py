@@ -40,15 +40,26 @@ def unanswered() -> Iterator[str]:
         listener.close()
 
 
+def _refused() -> str:
+    """The URL of a port nothing listens on: a connect there is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def _client(kind: str, url: str) -> Any:
     return CLIENTS[kind](url, timeout=10, connect_timeout=0.2)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_connect_timeout_is_a_retryable_503(kind: str, stream: bool, unanswered: str):
-    client = _client(kind, unanswered)
+@pytest.mark.parametrize("connect", ["refused", "unanswered"])
+async def test_a_connection_never_made_is_a_retryable_503(
+    kind: str, stream: bool, connect: str, unanswered: str
+):
+    client = _client(kind, unanswered if connect == "unanswered" else _refused())
     try:
+        assert not await client.health()
         with pytest.raises(EngineError) as info:
             if stream:
                 async for _ in client.generate_stream(GenerationRequest([1], 3)):
@@ -87,10 +98,9 @@ async def _control_app(seen: list[str]) -> web.Application:
 
 @pytest.mark.parametrize("kind", CLIENTS)
 async def test_a_pause_reaches_an_engine_that_accepts_on_a_later_try(kind: str):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = _client(kind, f"http://127.0.0.1:{port}")
+    url = _refused()
+    port = int(url.rsplit(":", 1)[1])
+    client = _client(kind, url)
     seen: list[str] = []
     runner = web.AppRunner(await _control_app(seen))
     await runner.setup()

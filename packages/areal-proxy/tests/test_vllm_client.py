@@ -309,26 +309,6 @@ async def test_http_404_unknown_model_is_an_engine_error(serve):
     assert info.value.status == 502
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_connection_refused_is_retryable_503(stream):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = VLLMClient(f"http://127.0.0.1:{port}")
-    try:
-        assert not await client.health()
-        with pytest.raises(EngineError) as info:
-            if stream:
-                async for _ in client.generate_stream(GenerationRequest([1], 3)):
-                    pass
-            else:
-                await client.generate(GenerationRequest([1], 3))
-        assert info.value.status == 503
-        assert info.value.retryable
-    finally:
-        await client.close()
-
-
 async def test_stream_without_finish_is_an_error(serve):
     fake = FakeVLLM()
     fake.tokens = []

@@ -11,7 +11,6 @@ hand.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,12 +25,7 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
-from areal_proxy.engine.transport import (
-    CONNECT_TIMEOUT_S,
-    CONTROL_ATTEMPTS,
-    CONTROL_RETRY_WAIT_S,
-    NOT_CONNECTED,
-)
+from areal_proxy.engine.transport import CONNECT_TIMEOUT_S, NOT_CONNECTED, retry_unconnected
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -130,6 +124,8 @@ class SGLangClient:
         # Parsed once: aiohttp would parse the string on every request.
         self._generate_url = URL(self.base_url + "/generate")
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        # Health and version probes: an answer within 5 s or none.
+        self._probe_timeout = aiohttp.ClientTimeout(total=5, sock_connect=connect_timeout)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -150,18 +146,17 @@ class SGLangClient:
             await self._session.close()
             self._session = None
 
+    def _unreachable(self, e: Exception) -> EngineError:
+        return EngineError(
+            f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+        )
+
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """A control call; tried again while its connection cannot be made (transport.py)."""
-        for attempt in range(1, CONTROL_ATTEMPTS + 1):
-            try:
-                return await self._post_once(path, body)
-            except NOT_CONNECTED as e:
-                if attempt == CONTROL_ATTEMPTS:
-                    raise EngineError(
-                        f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
-                    ) from e
-            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
-        raise AssertionError("unreachable")
+        try:
+            return await retry_unconnected(lambda: self._post_once(path, body))
+        except NOT_CONNECTED as e:
+            raise self._unreachable(e) from e
 
     async def _post_once(self, path: str, body: dict[str, Any] | None) -> Any:
         try:
@@ -179,7 +174,7 @@ class SGLangClient:
     async def health(self) -> bool:
         try:
             async with self._http().get(
-                self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+                self.base_url + "/health", timeout=self._probe_timeout
             ) as r:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
@@ -207,9 +202,7 @@ class SGLangClient:
                     raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
                 return orjson.loads(raw)
         except NOT_CONNECTED as e:
-            raise EngineError(
-                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
-            ) from e
+            raise self._unreachable(e) from e
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             # The engine went away mid-request (killed, crashed): 503, not retried here.
             raise EngineError(
@@ -268,9 +261,7 @@ class SGLangClient:
                     if finish is not None:
                         return
         except NOT_CONNECTED as e:
-            raise EngineError(
-                f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
-            ) from e
+            raise self._unreachable(e) from e
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             raise EngineError(
                 f"engine connection lost at {self.base_url} after {emitted} tokens: {e!r}",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import aiohttp
+
+_T = TypeVar("_T")
 
 # How long a connection to an engine may take to open (aiohttp's `sock_connect`).
 CONNECT_TIMEOUT_S = 5.0
@@ -18,3 +24,14 @@ NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # failing the trainer's pause on that is worse than trying again.
 CONTROL_ATTEMPTS = 3
 CONTROL_RETRY_WAIT_S = 0.2
+
+
+async def retry_unconnected(call: Callable[[], Awaitable[_T]]) -> _T:
+    """`call()`, made again while its connection cannot be made, CONTROL_ATTEMPTS times in
+    all; the last try's NOT_CONNECTED propagates."""
+    for attempt in range(1, CONTROL_ATTEMPTS):
+        try:
+            return await call()
+        except NOT_CONNECTED:
+            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
+    return await call()

@@ -46,12 +46,7 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
-from areal_proxy.engine.transport import (
-    CONNECT_TIMEOUT_S,
-    CONTROL_ATTEMPTS,
-    CONTROL_RETRY_WAIT_S,
-    NOT_CONNECTED,
-)
+from areal_proxy.engine.transport import CONNECT_TIMEOUT_S, NOT_CONNECTED, retry_unconnected
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKEN_PREFIX = "token_id:"
@@ -224,6 +219,8 @@ class VLLMClient:
         # Empty: vLLM serves its only model.
         self.model = model
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        # Health and version probes: an answer within 5 s or none.
+        self._probe_timeout = aiohttp.ClientTimeout(total=5, sock_connect=connect_timeout)
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -263,14 +260,10 @@ class VLLMClient:
     ) -> Any:
         """POST to a control endpoint; 404 (not served) becomes a 501. Tried again while its
         connection cannot be made (transport.py)."""
-        for attempt in range(1, CONTROL_ATTEMPTS + 1):
-            try:
-                return await self._control_once(path, body, params, what)
-            except NOT_CONNECTED as e:
-                if attempt == CONTROL_ATTEMPTS:
-                    raise self._unreachable(e) from e
-            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
-        raise AssertionError("unreachable")
+        try:
+            return await retry_unconnected(lambda: self._control_once(path, body, params, what))
+        except NOT_CONNECTED as e:
+            raise self._unreachable(e) from e
 
     async def _control_once(
         self,
@@ -324,23 +317,22 @@ class VLLMClient:
 
     async def _version(self) -> str:
         if self._weight_version is None:
-            version = ""
-            timeout = aiohttp.ClientTimeout(total=5, sock_connect=self._timeout.sock_connect)
             try:
-                async with self._http().get(self.base_url + "/weight_info", timeout=timeout) as r:
-                    if r.status == 200:
-                        version = str((await r.json(loads=orjson.loads)).get("weight_version", ""))
+                async with self._http().get(
+                    self.base_url + "/weight_info", timeout=self._probe_timeout
+                ) as r:
+                    doc = await r.json(loads=orjson.loads) if r.status == 200 else {}
             except ValueError:
-                pass  # an answer, unreadable: this engine has no version to give
+                doc = {}  # an answer, unreadable: this engine has no version to give
             except (aiohttp.ClientError, TimeoutError):
                 return ""  # no answer: asked again on the next request, not taken as "none"
-            self._weight_version = version
+            self._weight_version = str(doc.get("weight_version", ""))
         return self._weight_version
 
     async def health(self) -> bool:
         try:
             async with self._http().get(
-                self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+                self.base_url + "/health", timeout=self._probe_timeout
             ) as r:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
