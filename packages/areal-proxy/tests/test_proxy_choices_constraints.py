@@ -352,7 +352,7 @@ async def test_parallel_tool_calls_false_returns_the_first_call_only(stream):
 
 
 async def test_merged_choice_streams_are_bounded_by_their_reader():
-    from areal_proxy.inference import _merged
+    from areal_proxy.inference.choices import merged as _merged
 
     produced = [0, 0]
 
@@ -370,7 +370,7 @@ async def test_merged_choice_streams_are_bounded_by_their_reader():
 
 
 async def test_a_failing_choice_stream_fails_the_merged_stream():
-    from areal_proxy.inference import _merged
+    from areal_proxy.inference.choices import merged as _merged
 
     async def ok():
         yield b"a"

@@ -11,6 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from areal_proxy.prompt.incremental import FALLBACK_REASONS, Built
+from areal_proxy.prompt.state import TurnCache
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 
 
@@ -89,6 +92,56 @@ class ProxyMetrics(_Served):
             "queued unsent (no credit from the caller, or the stream's writer behind)",
             registry=r,
         )
+
+        # How session chat prompts are built (prompt/incremental.py): every reason's series
+        # exists from the start (reads 0).
+        self.prompt_builds = Counter(
+            "areal_proxy_prompt_builds_total",
+            "session chat prompts by how they were built: incremental (continued the previous "
+            "turn's) or full (the first turn, or a fallback)",
+            ["path"],
+            registry=r,
+        )
+        self.prompt_fallbacks = Counter(
+            "areal_proxy_prompt_fallbacks_total",
+            "session chat prompts built whole although the session had earlier turns, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.prompt_tokenized = Counter(
+            "areal_proxy_prompt_tokenized_tokens_total",
+            "prompt ids of session chat turns that were tokenized (the rest were continued)",
+            registry=r,
+        )
+        for path in ("incremental", "full"):
+            self.prompt_builds.labels(path)
+        for reason in FALLBACK_REASONS:
+            self.prompt_fallbacks.labels(reason)
+        self.turn_cache_bytes = Gauge(
+            "areal_proxy_prompt_cache_bytes",
+            "estimated memory of the cached last turns of live sessions",
+            registry=r,
+        )
+        self.turn_cache_sessions = Gauge(
+            "areal_proxy_prompt_cache_sessions", "sessions with cached turns", registry=r
+        )
+        self.turn_cache_evictions = Gauge(
+            "areal_proxy_prompt_cache_evictions",
+            "sessions evicted from the turn cache since the proxy started",
+            registry=r,
+        )
+
+    def observe_prompt(self, built: Built) -> None:
+        self.prompt_builds.labels("incremental" if built.incremental else "full").inc()
+        if built.reason:
+            self.prompt_fallbacks.labels(built.reason).inc()
+        self.prompt_tokenized.inc(built.tokenized)
+
+    def watch_turn_cache(self, cache: TurnCache) -> None:
+        """The cache's gauges, read when scraped (nothing on the data path)."""
+        self.turn_cache_bytes.set_function(lambda: cache.nbytes)
+        self.turn_cache_sessions.set_function(lambda: len(cache))
+        self.turn_cache_evictions.set_function(lambda: cache.evictions)
 
     def observe_generation(
         self, prompt: int, completion: int, ttft: float | None, attempts: int

@@ -15,9 +15,10 @@ from typing import Any
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy.generation import GenerationRecord
+from areal_proxy.prompt.incremental import Built, SessionPrompts
 from areal_proxy.recording.model import Interaction
 from areal_proxy.recording.sessions import SessionBook, Turn
-from areal_proxy.recording.store import sharing
+from areal_proxy.recording.store import continues, sharing
 
 
 @dataclass(slots=True)
@@ -31,16 +32,16 @@ class OpenTurn:
     # own, all with the request's response id and their choice index.
     response_id: str = ""
     choice_index: int = 0
-
-    @property
-    def previous_ids(self) -> list[int] | None:
-        p = self.turn.parent
-        return [*p.prompt_ids, *p.output_ids] if p is not None else None
+    # The chat prompt as built for this turn, and the request body's size.
+    prompt: Built | None = None
+    body_bytes: int = 0
 
 
 class Recorder:
-    def __init__(self, book: SessionBook) -> None:
+    def __init__(self, book: SessionBook, prompts: SessionPrompts | None = None) -> None:
         self.book = book
+        # Turns the prompt state of an answered chat turn into what its next turn continues.
+        self.prompts = prompts
 
     async def begin(
         self, env: Envelope | None, messages: list[dict[str, Any]] | None, interaction_id: str
@@ -90,15 +91,21 @@ class Recorder:
         if rec.first_token_at is not None:
             timings["ttft_s"] = rec.first_token_at - rec.created
         parent = ot.turn.parent
-        prev = ot.previous_ids
-        inherited = len(prev) if prev and rec.prompt_ids[: len(prev)] == prev else 0
+        built = ot.prompt
+        # Leading prompt ids known to be the parent's prompt + answer: compared no further.
+        known = built.reused if built is not None else 0
+        inherited = 0
+        if parent is not None and continues(rec.prompt_ids, parent, known):
+            inherited = len(parent.prompt_ids) + len(parent.output_ids)
         it = Interaction(
             interaction_id=ot.interaction_id,
             session_id=ot.turn.session.session_id,
             seq=0,
             messages=messages,
             response=response,
-            prompt_ids=list(rec.prompt_ids),
+            # The prompt's list itself: nothing changes it once generation started, and the
+            # next turn's prompt state shares it.
+            prompt_ids=rec.prompt_ids,
             output_ids=list(rec.token_ids),
             logprobs=list(rec.logprobs),
             versions=list(rec.versions),
@@ -110,7 +117,13 @@ class Recorder:
             inherited=inherited,
             response_id=ot.response_id or ot.interaction_id,
             choice_index=ot.choice_index,
+            prompt_path=built.path if built is not None else "",
         )
         # What the store may take from the parent rather than write again (flat disk per turn).
-        it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered)
-        return self.book.record_now(it)
+        it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered, known)
+        state = None
+        if built is not None and self.prompts is not None:
+            state = self.prompts.after_answer(built.state, it.output_ids)
+        return self.book.record_now(
+            it, messages_hash=ot.turn.messages_hash, state=state, body_bytes=ot.body_bytes
+        )

@@ -82,6 +82,7 @@ class ProxyServer:
             executor=self.db_executor,
             retention=settings.retention_seconds,
             lost_data=settings.lost_data,
+            turn_cache_bytes=settings.prompt_cache_mb << 20,
         )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(
@@ -112,7 +113,9 @@ class ProxyServer:
             Recorder(self.book),
             executor=self.cpu_executor,
             screen=self.screen,
+            on_prompt=self.metrics.observe_prompt,
         )
+        self.metrics.watch_turn_cache(self.book.turns)
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
             controller=self.controller,

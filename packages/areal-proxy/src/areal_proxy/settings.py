@@ -84,6 +84,14 @@ class Settings:
     max_live_sessions: int = field(
         default=10000, metadata={"help": "RL sessions kept in memory (the rest reload from SQLite)"}
     )
+    prompt_cache_mb: int = field(
+        default=512,
+        metadata={
+            "help": "MiB of memory for the last turns of live RL sessions, which their next "
+            "turns continue instead of tokenizing the whole conversation again; least "
+            "recently used sessions are evicted past it (0 = off: every turn is tokenized whole)"
+        },
+    )
     # Agent mode.
     worker_addr: str = field(
         default="", metadata={"help": "host:port of the agent worker (agent mode)"}

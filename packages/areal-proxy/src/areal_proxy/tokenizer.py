@@ -140,6 +140,9 @@ class ModelTokenizer:
     special_ids: frozenset[int]
     # Most characters one token stands for (0: unknown); see min_tokens.
     max_token_chars: int = 0
+    # tokenizer.json's added tokens, as written there (content, id and matching flags):
+    # where a prompt may be cut and its sides tokenized apart (prompt/cuts.py).
+    added_tokens: list[dict[str, Any]] = field(default_factory=list)
     _byte_level: bool = False
     _byte_fallback: bool = False
     _bytes_cache: dict[int, bytes] = field(default_factory=dict)
@@ -193,6 +196,7 @@ class ModelTokenizer:
             context_length=ctx if isinstance(ctx, int) and ctx > 0 else 0,
             special_ids=special,
             max_token_chars=_max_token_chars(tok_json),
+            added_tokens=[t for t in tok_json.get("added_tokens") or [] if isinstance(t, dict)],
             _byte_level="ByteLevel" in kinds,
             _byte_fallback="ByteFallback" in kinds,
         )
@@ -216,6 +220,14 @@ class ModelTokenizer:
         if limit and len(enc) >= limit:
             raise PromptTooLong(len(enc))
         return enc.ids
+
+    def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        """The ids of each piece, tokenized apart (no special tokens added), in one batch: the
+        batch encoder releases the GIL, and one call per turn costs less than one per piece."""
+        if not pieces:
+            return []
+        batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [e.ids for e in batch(pieces, add_special_tokens=False)]
 
     def _counted_past(self, text: str, limit: int) -> int | None:
         """A token count that proves `text` holds `limit` tokens or more, or None.

@@ -39,12 +39,16 @@ def canonical(message: dict[str, Any]) -> bytes:
     return orjson.dumps([message.get("role", ""), _text(message.get("content")), calls])
 
 
+def _chained(h: bytes, message: dict[str, Any]) -> bytes:
+    return hashlib.blake2b(h + canonical(message), digest_size=16).digest()
+
+
 def prefix_hashes(messages: list[dict[str, Any]]) -> list[bytes]:
     """h[k] identifies messages[: k + 1]."""
     out: list[bytes] = []
     h = b""
     for m in messages:
-        h = hashlib.blake2b(h + canonical(m), digest_size=16).digest()
+        h = _chained(h, m)
         out.append(h)
     return out
 
@@ -59,12 +63,24 @@ class Lineage:
 
     def parent_of(self, messages: list[dict[str, Any]]) -> tuple[str | None, int]:
         """(parent interaction id, number of messages it covers) for a new request."""
+        parent, covered, _ = self.locate(messages)
+        return parent, covered
+
+    def locate(self, messages: list[dict[str, Any]]) -> tuple[str | None, int, bytes]:
+        """`parent_of`, and the hash of all of `messages` (for `add_after`)."""
         hashes = prefix_hashes(messages)
         for k in range(len(hashes) - 1, -1, -1):
             iid = self._by_prefix.get(hashes[k])
             if iid is not None:
-                return iid, k + 1
-        return None, 0
+                return iid, k + 1, hashes[-1]
+        return None, 0, hashes[-1] if hashes else b""
+
+    def add_after(
+        self, interaction_id: str, messages_hash: bytes, response: dict[str, Any]
+    ) -> None:
+        """`add`, for messages whose hash `locate` gave: the answer is the only message
+        hashed again (a turn does not hash its whole conversation twice)."""
+        self._by_prefix[_chained(messages_hash, response)] = interaction_id
 
     def add(
         self, interaction_id: str, messages: list[dict[str, Any]], response: dict[str, Any]

@@ -36,6 +36,9 @@ class Interaction:
     # rows recorded before choices were kept: their interaction id is the response id).
     response_id: str = ""
     choice_index: int = 0
+    # How the chat prompt was built: "incremental" (continued the previous turn's), "full"
+    # (the session's first prompt) or "full:<reason>" (a fallback; prompt/incremental.py).
+    prompt_path: str = ""
 
 
 @dataclass(slots=True)

@@ -25,6 +25,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from areal_proxy.prompt.incremental import Previous
+from areal_proxy.prompt.state import CachedTurn, PromptState, TurnCache
 from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
 from areal_proxy.recording.model import Interaction, Session
@@ -60,6 +62,10 @@ class Turn:
     parent: Interaction | None
     # How many of the request's messages the parent's conversation covers.
     covered: int
+    # The hash of all the request's messages (the lineage indexes the answer after it).
+    messages_hash: bytes = b""
+    # What prompt building may continue from (prompt/incremental.py).
+    previous: Previous | None = None
 
 
 class SessionBook:
@@ -71,6 +77,7 @@ class SessionBook:
         reward_finish_timeout: float = 0.0,
         max_live: int = 10_000,
         executor: Executor | None = None,
+        turn_cache_bytes: int = 512 << 20,
         retention: float = 0.0,
         lost_data: str = "",
     ) -> None:
@@ -85,6 +92,9 @@ class SessionBook:
         self.max_live = max_live
         self.executor = executor
         self._live: OrderedDict[str, _Live] = OrderedDict()
+        # The last turns of live sessions, whole, with their prompt states: a turn's parent
+        # is taken from here rather than rebuilt from SQLite (prompt/state.py).
+        self.turns = TurnCache(turn_cache_bytes)
         # Sessions not ended, for GetStats: kept here so a stats poll reads no SQLite (it
         # must answer at once, whatever the recording thread is doing).
         self.live_sessions = store.live_session_count()
@@ -115,6 +125,7 @@ class SessionBook:
     def end(self, session_ids: list[str]) -> int:
         for sid in session_ids:
             self._live.pop(sid, None)
+        self.turns.drop(session_ids)
         ended = self.store.end_sessions(session_ids)
         self._count_live()
         return ended
@@ -124,6 +135,7 @@ class SessionBook:
         ids = self.store.expire_idle(now - self.ttl, now)
         for sid in ids:
             self._live.pop(sid, None)
+        self.turns.drop(ids)
         if ids:
             self._count_live()
         return ids
@@ -206,16 +218,38 @@ class SessionBook:
     def begin_turn(self, session: Session, messages: list[dict[str, Any]] | None) -> Turn:
         if not messages:
             return Turn(session, None, 0)
-        parent_id, covered = self._state(session.session_id).lineage.parent_of(messages)
-        # One lookup by id: the cost of a turn does not grow with the session's history.
-        parent = self.store.interaction(parent_id) if parent_id is not None else None
-        return Turn(session, parent, covered)
+        sid = session.session_id
+        live = self._state(sid)
+        parent_id, covered, messages_hash = live.lineage.locate(messages)
+        prev = Previous(covered=covered)
+        cached = self.turns.get(sid, parent_id) if parent_id is not None else None
+        if cached is not None:
+            prev.parent, prev.parent_state = cached.interaction, cached.state
+        elif parent_id is not None:
+            # Rebuilt from SQLite (one query, the bytes of one conversation): the session was
+            # evicted from the cache, or recorded before this proxy started.
+            prev.parent = self.store.interaction(parent_id)
+            prev.reason = "not_cached"
+        elif live.next_seq > 0:
+            prev.reason = "history_edited"
+        latest = self.turns.latest(sid)
+        prev.latest_state = latest.state if latest is not None else None
+        return Turn(session, prev.parent, covered, messages_hash, prev)
 
     async def record(self, it: Interaction) -> Interaction:
         """Commit a finished interaction; returns it with its id and turn number."""
         return await self.call(self.record_now, it)
 
-    def record_now(self, it: Interaction) -> Interaction:
+    def record_now(
+        self,
+        it: Interaction,
+        *,
+        messages_hash: bytes = b"",
+        state: PromptState | None = None,
+        body_bytes: int = 0,
+    ) -> Interaction:
+        """Commit `it`; a chat turn's prompt `state` (and its request's `messages_hash` and
+        size) is kept for the session's next turn."""
         live = self._state(it.session_id)
         it.seq = live.next_seq
         if not it.interaction_id:
@@ -224,8 +258,36 @@ class SessionBook:
         # Only once it is committed: a failed insert (disk full) leaves the state as it was.
         live.next_seq += 1
         if isinstance(it.messages, list) and isinstance(it.response, dict):
-            live.lineage.add(it.interaction_id, it.messages, it.response)
+            if messages_hash:
+                live.lineage.add_after(it.interaction_id, messages_hash, it.response)
+            else:
+                live.lineage.add(it.interaction_id, it.messages, it.response)
+            self.turns.put(it.session_id, CachedTurn(it, state, body_bytes))
         return it
+
+    def status(self, session: Session) -> dict[str, Any]:
+        """A session's state as its status shows it: turns, and how their prompts were built
+        (`prompt`: turns by path, fallbacks by reason; prompt/incremental.py)."""
+        paths = self.store.prompt_paths(session.session_id)
+        fallbacks = {p.split(":", 1)[1]: n for p, n in paths.items() if p.startswith("full:")}
+        cached = self.turns.latest(session.session_id)
+        return {
+            "session_id": session.session_id,
+            "group_id": session.group_id,
+            "task_id": session.task_id,
+            "model": session.model,
+            "created_at": session.created_at,
+            "last_active_at": session.last_active_at,
+            "ended": session.ended_at is not None,
+            "interactions": session.n_interactions,
+            "prompt": {
+                "incremental": paths.get("incremental", 0),
+                "full": paths.get("full", 0) + sum(fallbacks.values()),
+                "fallbacks": fallbacks,
+                "cached": cached is not None,
+                "last_prompt_tokens": len(cached.interaction.prompt_ids) if cached else None,
+            },
+        }
 
     # -- rewards and export -------------------------------------------------
 
@@ -295,5 +357,6 @@ class SessionBook:
     def remove_ids(self, ids: list[str]) -> None:
         for sid in ids:
             self._live.pop(sid, None)
+        self.turns.drop(ids)
         self.store.delete_sessions(ids)
         self._count_live()

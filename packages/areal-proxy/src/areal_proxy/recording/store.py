@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS interactions (
   shared_messages INTEGER NOT NULL DEFAULT 0,
   response_id TEXT NOT NULL DEFAULT '',
   choice_index INTEGER NOT NULL DEFAULT 0,
+  prompt_path TEXT NOT NULL DEFAULT '',
   UNIQUE (session_id, seq)
 );
 """
@@ -77,6 +78,7 @@ _MIGRATIONS = (
     ("sessions", "exported_at", "REAL"),
     ("interactions", "response_id", "TEXT NOT NULL DEFAULT ''"),
     ("interactions", "choice_index", "INTEGER NOT NULL DEFAULT 0"),
+    ("interactions", "prompt_path", "TEXT NOT NULL DEFAULT ''"),
 )
 # After the migrations: the index on a migrated column.
 _INDEXES = """
@@ -91,7 +93,7 @@ _SESSION_COLS = (
 _INTERACTION_COLS = (
     "interaction_id, session_id, seq, parent_id, messages, response, prompt_ids, output_ids, "
     "logprobs, versions, finish_reason, reward, created_at, finished_at, timings, inherited, "
-    "shared_tokens, shared_messages, response_id, choice_index"
+    "shared_tokens, shared_messages, response_id, choice_index, prompt_path"
 )
 
 
@@ -122,9 +124,29 @@ def _session(row: tuple[Any, ...]) -> Session:
 def _interaction(row: tuple[Any, ...]) -> Interaction:
     """The row as stored: `prompt_ids` and `messages` hold only what follows the shared
     part (see `_whole`)."""
-    (iid, sid, seq, parent, msgs, resp, p, o, lp, v, fin, rew, c, f, tim, inh, st, sm, rsp, ci) = (
-        row
-    )
+    (
+        iid,
+        sid,
+        seq,
+        parent,
+        msgs,
+        resp,
+        p,
+        o,
+        lp,
+        v,
+        fin,
+        rew,
+        c,
+        f,
+        tim,
+        inh,
+        st,
+        sm,
+        rsp,
+        ci,
+        pp,
+    ) = row
     return Interaction(
         interaction_id=iid,
         session_id=sid,
@@ -146,6 +168,7 @@ def _interaction(row: tuple[Any, ...]) -> Interaction:
         shared_messages=sm,
         response_id=rsp,
         choice_index=ci,
+        prompt_path=pp,
     )
 
 
@@ -234,14 +257,37 @@ def _shared_prefix(a: list[Any], b: list[Any]) -> int:
     return lo
 
 
-def sharing(it: Interaction, parent: Interaction | None, covered: int) -> tuple[int, int]:
+def _tokens_from(parent: Interaction, start: int) -> list[int]:
+    """parent's prompt + output ids from `start` on, without copying the part before it."""
+    pp = parent.prompt_ids
+    if start <= len(pp):
+        return pp[start:] + parent.output_ids
+    return parent.output_ids[start - len(pp) :]
+
+
+def continues(prompt: list[int], parent: Interaction, known: int = 0) -> bool:
+    """Whether `prompt` starts with `parent`'s prompt + output ids, of which the first
+    `known` are known to match (a turn's cost then grows with what is new only)."""
+    n = len(parent.prompt_ids) + len(parent.output_ids)
+    if len(prompt) < n:
+        return False
+    known = min(known, n)
+    return prompt[known:n] == _tokens_from(parent, known)
+
+
+def sharing(
+    it: Interaction, parent: Interaction | None, covered: int, known: int = 0
+) -> tuple[int, int]:
     """(shared_tokens, shared_messages) of a new turn `it` on `parent` (whole), whose
-    conversation covers the first `covered` of its messages."""
+    conversation covers the first `covered` of its messages; the first `known` prompt ids
+    are known to be the parent's."""
     if parent is None:
         return 0, 0
-    tokens = _shared_prefix(it.prompt_ids, _tokens(parent))
+    known = min(known, len(it.prompt_ids), len(parent.prompt_ids) + len(parent.output_ids))
+    tokens = known + _shared_prefix(it.prompt_ids[known:], _tokens_from(parent, known))
     msgs = covered if isinstance(it.messages, list) and isinstance(parent.response, dict) else 0
-    return tokens, min(msgs, len(_conversation(parent)))
+    n_conv = (len(parent.messages) if isinstance(parent.messages, list) else 0) + 1
+    return tokens, min(msgs, n_conv)
 
 
 class Store:
@@ -382,6 +428,7 @@ class Store:
             it.shared_messages,
             it.response_id,
             it.choice_index,
+            it.prompt_path,
         )
         marks = ",".join("?" * len(row))
         with self._tx():
@@ -475,6 +522,16 @@ class Store:
                     (at, at, session_id),
                 )
         return cur.rowcount == 1
+
+    def prompt_paths(self, session_id: str) -> dict[str, int]:
+        """How a session's chat prompts were built: turns by `prompt_path`."""
+        return dict(
+            self._db.execute(
+                "SELECT prompt_path, count(*) FROM interactions WHERE session_id = ? "
+                "AND prompt_path != '' GROUP BY prompt_path",
+                (session_id,),
+            ).fetchall()
+        )
 
     def interaction_count(self) -> int:
         return self._db.execute("SELECT count(*) FROM interactions").fetchone()[0]

@@ -1,0 +1,417 @@
+"""The prompt-and-record core under every OpenAI request: screen, parse, open the session's
+turn, build the prompt, check the budget, start the generations; then the text of what they
+generate, and the commit of each answer to the session. chat.py and completion.py shape
+requests and responses over it; nothing here knows about gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Executor
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import orjson
+
+from areal_proto.common.v1.envelope_pb2 import Envelope
+from areal_proxy import openai_response as out
+from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError
+from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.forced_tools import forced_constraint
+from areal_proxy.generation import GenerationController, GenerationRecord, Step
+from areal_proxy.openai_request import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    bad,
+    parse_chat,
+    parse_completion,
+)
+from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
+from areal_proxy.recorder import OpenTurn, Recorder
+from areal_proxy.screen import CHAT as SCREEN_CHAT
+from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
+from areal_proxy.screen import SCREEN_MIN_BODY
+from areal_proxy.stop_strings import StopChecker, truncate_at_stop
+from areal_proxy.tokenizer import ModelTokenizer
+from areal_runtime.errors import InvalidRequest
+from areal_runtime.offload import Offload, OffloadFailed
+
+# max_tokens when neither the request nor the model says how long an answer may be.
+FALLBACK_MAX_TOKENS = 4096
+# Bodies above this are templated and tokenized off the event loop (about 100 us of work
+# below it, the cost of the thread hop itself).
+_INLINE_BODY_BYTES = 16 * 1024
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceConfig:
+    model: str
+    context_length: int = 0
+    engine_max_tokens: int = 0
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+
+
+@dataclass(slots=True)
+class TextStep:
+    """A generation step with the text the client may see for it."""
+
+    text: str
+    step: Step
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request ready to generate: its generations started (one per choice), the session
+    turn it records to (None: nothing recorded), and what they share."""
+
+    rid: str
+    ot: OpenTurn | None
+    prompts: list[list[int]]
+    template: GenerationRequest
+    # One per choice, with the index of the prompt it answers (choice k = prompt i * n + j).
+    recs: list[tuple[GenerationRecord, int]] = field(default_factory=list)
+
+    def turn_of(self, k: int) -> OpenTurn | None:
+        """The open turn of choice `k`: with one choice the request's own (its interaction id
+        is the response id); with several, one sibling interaction each, `<rid>-<k>`."""
+        ot = self.ot
+        if ot is None or len(self.recs) == 1:
+            return ot
+        return replace(ot, interaction_id=f"{self.rid}-{k}", response_id=self.rid, choice_index=k)
+
+
+class InferenceCore:
+    def __init__(
+        self,
+        config: InferenceConfig,
+        tok: ModelTokenizer,
+        prompts: PromptBuilder | None,
+        controller: GenerationController,
+        recorder: Recorder | None = None,
+        executor: Executor | None = None,
+        screen: Offload | None = None,
+        on_prompt: Callable[[Built], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.tok = tok
+        self.prompts = prompts
+        self.controller = controller
+        self.context_length = config.context_length or tok.context_length
+        # A session turn's prompt continues its previous turn's (prompt/incremental.py).
+        self.session_prompts = SessionPrompts(prompts, tok) if prompts is not None else None
+        if recorder is not None and recorder.prompts is None:
+            recorder.prompts = self.session_prompts
+        self.recorder = recorder
+        # Where templating and tokenizing run (None: inline, for tests): never on the event
+        # loop, which must keep serving the other requests, health and GetStats while a
+        # prompt of megabytes takes seconds (the tokenizers library releases the GIL while
+        # it encodes, so the loop runs meanwhile).
+        self.executor = executor
+        # Huge bodies are first shown to a child process that refuses a prompt the context
+        # cannot hold, without this process touching the body (screen.py).
+        self.screen = screen
+        self.on_prompt = on_prompt
+
+    # ---- the prelude: screen, parse, turn, prompt, budget ------------------------------
+
+    async def _screened(self, kind: bytes, body: bytes, env: Envelope | None) -> None:
+        """Refuse a huge body whose prompt cannot fit, on the screen's word; anything else
+        (and a screen that failed) goes on to this proxy's own checks. A session's body that
+        outgrows its previous one by less than the screen's threshold is no detour: what is
+        new in it costs what a small body costs (the rest continues the previous turn)."""
+        if self.screen is None or len(body) <= SCREEN_MIN_BODY or not self.context_length:
+            return
+        if env is not None and env.session_id and self.recorder is not None:
+            known = self.recorder.book.turns.body_bytes(env.session_id)
+            if known and len(body) - known <= SCREEN_MIN_BODY:
+                return
+        try:
+            answer = orjson.loads(await self.screen.call(kind, body))
+        except OffloadFailed as exc:
+            log.warning("prompt screen: %s; checking the prompt here", exc)
+            return
+        if "tokens" in answer:
+            raise self._too_long(answer["tokens"], answer["param"], at_least=not answer["exact"])
+
+    async def _off_loop(self, heavy: bool, fn: Callable[..., _T], /, *args: Any) -> _T:
+        """`fn(*args)` on the executor when `heavy`; a small prompt costs less than the hop."""
+        if self.executor is None or not heavy:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    def _too_long(self, tokens: int, param: str, *, at_least: bool = False) -> InvalidRequest:
+        return bad(
+            f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; "
+            f"this model's context length is {self.context_length}",
+            param,
+            "context_length_exceeded",
+        )
+
+    def _budget(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
+        ctx = self.context_length
+        if ctx and prompt_len >= ctx:
+            raise self._too_long(prompt_len, prompt_param)
+        budget = (
+            requested
+            if requested is not None
+            else (ctx - prompt_len if ctx else FALLBACK_MAX_TOKENS)
+        )
+        if self.config.engine_max_tokens > 0:
+            budget = min(budget, self.config.engine_max_tokens)
+        if ctx:
+            budget = min(budget, ctx - prompt_len)
+        return budget
+
+    def _template(self, s: Sampling, top_logprobs: int) -> GenerationRequest:
+        stop_ids = list(s.stop_token_ids)
+        if not s.ignore_eos:
+            stop_ids.extend(t for t in self.tok.eos_token_ids if t not in stop_ids)
+        return GenerationRequest(
+            input_ids=[],
+            max_new_tokens=0,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            stop_token_ids=stop_ids,
+            ignore_eos=s.ignore_eos,
+            seed=s.seed,
+            top_logprobs=top_logprobs,
+            extra=s.extra,
+            constraint=(s.constraint.kind, s.constraint.value) if s.constraint else None,
+        )
+
+    def _start(self, p: Prepared, sampling: Sampling, param: Callable[[int], str]) -> None:
+        """One generation per choice: prompt i's j-th sample is choice i * n + j (as OpenAI).
+        Every budget is checked before any generation starts (none is left in flight)."""
+        budgets = [
+            self._budget(len(prompt), sampling.max_tokens, param(i))
+            for i, prompt in enumerate(p.prompts)
+        ]
+        for i, (prompt, budget) in enumerate(zip(p.prompts, budgets, strict=True)):
+            p.recs.extend((self.controller.start(prompt, budget), i) for _ in range(sampling.n))
+
+    def finish(self, p: Prepared) -> None:
+        for rec, _ in p.recs:
+            self.controller.finish(rec)
+
+    async def _begin(
+        self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str
+    ) -> OpenTurn | None:
+        if self.recorder is None:
+            return None
+        return await self.recorder.begin(env, messages, rid)
+
+    # ---- chat prompts ------------------------------------------------------------------
+
+    def _prompts(self) -> PromptBuilder:
+        if self.prompts is None:
+            raise bad("this model has no chat template; use /v1/completions", "messages")
+        return self.prompts
+
+    def chat_text(self, req: ChatRequest) -> str:
+        """The rendered conversation, refused if its length alone rules out the context."""
+        try:
+            return self._prompts().render_checked(
+                req.messages, req.tools, req.template_kwargs, self.context_length
+            )
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
+        except TemplateError as e:
+            raise bad(str(e), "messages", "chat_template_error") from None
+
+    def chat_prompt(
+        self, req: ChatRequest, ot: OpenTurn | None = None, rendered: str | None = None
+    ) -> list[int]:
+        """The prompt ids of a chat request; a session's turn continues its previous turn's
+        prompt where that is exact (prompt/incremental.py)."""
+        prompts = self._prompts()
+        try:
+            if ot is None or self.session_prompts is None:
+                return prompts.prompt_ids(
+                    req.messages,
+                    req.tools,
+                    req.template_kwargs,
+                    limit=self.context_length,
+                    rendered=rendered,
+                )
+            built = self.session_prompts.build(
+                req.messages,
+                req.tools,
+                req.template_kwargs,
+                ot.turn.previous or Previous(),
+                limit=self.context_length,
+                rendered=rendered,
+            )
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
+        except TemplateError as e:
+            raise bad(str(e), "messages", "chat_template_error") from None
+        ot.prompt = built
+        if self.on_prompt is not None:
+            self.on_prompt(built)
+        return built.ids
+
+    async def prepare_chat(
+        self, body: bytes, env: Envelope | None, rid: str
+    ) -> tuple[ChatRequest, Prepared]:
+        await self._screened(SCREEN_CHAT, body, env)
+        req = parse_chat(body)
+        # A big body is rendered and checked against the context first (off the loop): a
+        # prompt that cannot fit is refused before its turn is looked up (the lineage hashes
+        # every message) and before it is tokenized, the costs that grow with its size.
+        rendered = None
+        if len(body) > _INLINE_BODY_BYTES:
+            rendered = await self._off_loop(True, self.chat_text, req)
+        ot = await self._begin(env, req.messages, rid)
+        if ot is not None:
+            ot.body_bytes = len(body)
+        prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot, rendered)
+        template = self._template(req.sampling, req.top_logprobs)
+        forced = forced_constraint(
+            self.config.tool_call_parser,
+            self.config.reasoning_parser,
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+        )
+        if forced is not None:
+            if template.constraint is not None:
+                raise bad(
+                    "a forced 'tool_choice' and a constrained 'response_format' cannot both "
+                    "hold the output",
+                    "tool_choice",
+                )
+            template.constraint = (forced.kind, forced.value)
+        p = Prepared(rid, ot, [prompt], template)
+        self._start(p, req.sampling, lambda _: "messages")
+        return req, p
+
+    # ---- completion prompts ------------------------------------------------------------
+
+    def completion_prompt(self, req: CompletionRequest, param: str = "prompt") -> list[int]:
+        if req.prompt_ids is not None:
+            return req.prompt_ids
+        text = req.prompt_text or ""
+        ctx = self.context_length
+        if ctx and (n := self.tok.min_tokens(text)) >= ctx:
+            raise self._too_long(n, param, at_least=True)
+        try:
+            ids = self.tok.encode(text, add_special_tokens=True, limit=ctx)
+        except PromptTooLong as e:
+            raise self._too_long(e.tokens, param) from None
+        if not ids:
+            raise bad(f"'{param}' encodes to no tokens", param)
+        return ids
+
+    async def prepare_completion(
+        self, body: bytes, env: Envelope | None, rid: str
+    ) -> tuple[CompletionRequest, Prepared]:
+        await self._screened(SCREEN_COMPLETION, body, env)
+        req = parse_completion(body, vocab_size=self.tok.vocab_size)
+        ot = await self._begin(env, None, rid)
+        heavy = _heavy(body, ot)
+        param = _prompt_param(len(req.prompts))
+        prompts = []
+        for i, source in enumerate(req.prompts):
+            one = replace(
+                req,
+                prompt_text=source if isinstance(source, str) else None,
+                prompt_ids=source if not isinstance(source, str) else None,
+            )
+            prompts.append(await self._off_loop(heavy, self.completion_prompt, one, param(i)))
+        p = Prepared(rid, ot, prompts, self._template(req.sampling, req.logprobs or 0))
+        self._start(p, req.sampling, param)
+        return req, p
+
+    # ---- generated text ----------------------------------------------------------------
+
+    def _visible_ids(self, ids: list[int], finish: str | None, stop_ids: list[int]) -> list[int]:
+        """Output ids whose text the client sees: without the stop token that ended them."""
+        if finish == "stop" and ids and ids[-1] in stop_ids:
+            return ids[:-1]
+        return ids
+
+    async def text_steps(
+        self, rec: GenerationRecord, template: GenerationRequest, s: Sampling
+    ) -> AsyncGenerator[TextStep, None]:
+        """A streamed generation's steps with their text, cut at a stop string."""
+        detok = self.tok.detokenizer(skip_special_tokens=s.skip_special_tokens)
+        stopper = StopChecker(s.stop) if s.stop else None
+        stop_ids = template.stop_token_ids
+        async with aclosing(self.controller.stream(rec, template)) as steps:
+            async for step in steps:
+                finish = step.finish_reason
+                ids = self._visible_ids(step.token_ids, finish, stop_ids)
+                text = detok.feed(ids) if ids else ""
+                if finish is not None:
+                    text += detok.flush()
+                if stopper is not None:
+                    text, hit = stopper.feed(text)
+                    if hit:
+                        if rec.finish_reason is None:
+                            self.controller.abort_later(rec.engine_rid)
+                        rec.finish_reason = finish = "stop"
+                    elif finish is not None:
+                        text += stopper.flush()
+                yield TextStep(text, step, finish)
+                if finish is not None:
+                    return
+
+    def final_text(
+        self, rec: GenerationRecord, template: GenerationRequest, s: Sampling
+    ) -> tuple[str, str]:
+        """A whole generation's text and finish reason, cut at a stop string."""
+        finish = rec.finish_reason or "abort"
+        ids = self._visible_ids(rec.token_ids, finish, template.stop_token_ids)
+        text = self.tok.decode(ids, skip_special_tokens=s.skip_special_tokens)
+        if s.stop:
+            text, hit = truncate_at_stop(text, s.stop)
+            if hit:
+                finish = "stop"
+        return text, finish
+
+    # ---- recording ---------------------------------------------------------------------
+
+    async def commit(
+        self,
+        ot: OpenTurn | None,
+        messages: list[dict[str, Any]] | str,
+        response: dict[str, Any] | str,
+        rec: GenerationRecord,
+        finish: str,
+    ) -> None:
+        """Record one answered choice of a session's turn (nothing without a session)."""
+        if ot is not None and self.recorder is not None:
+            await self.recorder.commit(
+                ot, messages=messages, response=response, rec=rec, finish_reason=finish
+            )
+
+
+def _heavy(body: bytes, ot: OpenTurn | None) -> bool:
+    # A session's turn may continue a long parent (concat decodes all its tokens).
+    return len(body) > _INLINE_BODY_BYTES or (ot is not None and ot.turn.parent is not None)
+
+
+def _prompt_param(n_prompts: int) -> Callable[[int], str]:
+    return (lambda _: "prompt") if n_prompts == 1 else (lambda i: f"prompt[{i}]")
+
+
+def usage(recs: list[tuple[GenerationRecord, int]]) -> dict[str, int]:
+    return out.usage(
+        sum(len(r.prompt_ids) for r, _ in recs), sum(len(r.token_ids) for r, _ in recs)
+    )
