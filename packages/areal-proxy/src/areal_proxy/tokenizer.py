@@ -143,6 +143,9 @@ class ModelTokenizer:
     # tokenizer.json's added tokens, as written there (content, id and matching flags):
     # where a prompt may be cut and its sides tokenized apart (prompt/cuts.py).
     added_tokens: list[dict[str, Any]] = field(default_factory=list)
+    # The model's unknown token: an added token the model itself emits, for text it has no
+    # piece for.
+    unk_token: str | None = None
     _byte_level: bool = False
     _byte_fallback: bool = False
     _bytes_cache: dict[int, bytes] = field(default_factory=dict)
@@ -197,6 +200,7 @@ class ModelTokenizer:
             special_ids=special,
             max_token_chars=_max_token_chars(tok_json),
             added_tokens=[t for t in tok_json.get("added_tokens") or [] if isinstance(t, dict)],
+            unk_token=_token_content((tok_json.get("model") or {}).get("unk_token")),
             _byte_level="ByteLevel" in kinds,
             _byte_fallback="ByteFallback" in kinds,
         )

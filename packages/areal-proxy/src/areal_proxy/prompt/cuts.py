@@ -11,6 +11,8 @@ provided:
 - the token at c is matched on raw text (`normalized: false`), takes no whitespace before
   it (`lstrip: false`: it would reach across the cut) and needs no word boundary
   (`single_word: false`);
+- the token at c is never emitted by the model itself (the unknown token is: its id in
+  the ids then marks no occurrence of its text);
 - no added token's content contains another's, and no added token ends with what another
   begins with: then where added tokens match does not depend on how far the text goes, so
   text[:c] and text[c:] find the same matches as the whole does on each side.
@@ -38,7 +40,7 @@ class Cuts:
         self._pattern = re.compile("|".join(re.escape(c) for c in alternatives))
 
     @classmethod
-    def of(cls, added_tokens: list[dict[str, Any]]) -> Cuts | None:
+    def of(cls, added_tokens: list[dict[str, Any]], unk_token: str | None = None) -> Cuts | None:
         """The cuts of a tokenizer with these added tokens (tokenizer.json's entries), or None
         when cutting is not provably exact for it (see the module's docstring)."""
         contents = [t.get("content") for t in added_tokens]
@@ -57,7 +59,10 @@ class Cuts:
         usable = {
             str(t["content"]): int(t["id"])
             for t in added_tokens
-            if not t.get("normalized") and not t.get("lstrip") and not t.get("single_word")
+            if not t.get("normalized")
+            and not t.get("lstrip")
+            and not t.get("single_word")
+            and t["content"] != unk_token
         }
         return cls(usable) if usable else None
 

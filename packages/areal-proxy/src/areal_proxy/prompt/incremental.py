@@ -81,7 +81,7 @@ class SessionPrompts:
         self.builder = builder
         self.tok = tok
         self.template_type = builder.template_type
-        self.cuts = Cuts.of(tok.added_tokens)
+        self.cuts = Cuts.of(tok.added_tokens, tok.unk_token)
         # One int object per token id, shared by every cached prompt: a list of ids then
         # costs its 8-byte pointers, not 36 bytes a token.
         self._ints = list(range(tok.vocab_size))

@@ -1,0 +1,240 @@
+"""Long sessions through the real ProxyServer (gRPC on loopback): a turn that extends the
+previous one continues its prompt, the engine gets exactly the full path's ids, and every
+other case falls back visibly and still answers right."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from proxy_fakes import EOS, FakeEngineClient, start
+
+from areal_proto.proxy.v1 import proxy_pb2
+from areal_proxy.chat_template import PromptBuilder
+from areal_runtime.session_keys import mint_key, new_id
+
+ANSWER = [7, 8, 9, EOS]
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+class TurnEngine(FakeEngineClient):
+    """The same answer to every request (each a new turn, not a resubmission)."""
+
+    async def generate_stream(self, req):  # type: ignore[no-untyped-def]
+        self._prompt_len = None
+        async for chunk in super().generate_stream(req):
+            yield chunk
+
+
+async def _session(h) -> tuple[str, str]:
+    sid = new_id("sess")
+    key = mint_key(sid)
+    await h.stub.StartSessions(
+        proxy_pb2.StartSessionsRequest(
+            task_id="t",
+            group_id=new_id("g"),
+            sessions=[proxy_pb2.SessionCredentials(session_id=sid, session_api_key=key)],
+        )
+    )
+    return sid, key
+
+
+def _user(i: int) -> dict[str, Any]:
+    return {"role": "user", "content": f"question {i}: " + "words and more words " * (i % 7 + 1)}
+
+
+def _tool_turn(i: int) -> list[dict[str, Any]]:
+    call = {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": json.dumps({"q": i})},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": f"result {i} ünï 🙂"},
+    ]
+
+
+def _paths(h) -> dict[str, float]:
+    m = h.server.metrics
+    out = {p: m.prompt_builds.labels(p)._value.get() for p in ("incremental", "full")}
+    for reason in ("history_edited", "not_cached", "render_changed"):
+        out[reason] = m.prompt_fallbacks.labels(reason)._value.get()
+    return out
+
+
+async def _turns(h, sid, key, n, *, tools=None, start_msgs=None):
+    """n turns of one conversation, each echoing the answer and adding a user message (and
+    every third turn a tool call and its result); returns the messages of each turn."""
+    msgs = list(start_msgs or [{"role": "system", "content": "You are terse."}])
+    sent = []
+    for i in range(n):
+        if i % 3 == 2:
+            msgs.extend(_tool_turn(i))
+        msgs.append(_user(i))
+        body: dict[str, Any] = {"messages": msgs, "max_tokens": 8}
+        if tools:
+            body["tools"] = tools
+        r = await h.chat(body, api_key=key, session_id=sid)
+        sent.append(list(msgs))
+        msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+    return sent, msgs
+
+
+def _full(h, msgs, tools=None) -> list[int]:
+    return h.tok.encode(PromptBuilder(h.tok).render(msgs, tools))
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS])
+async def test_hf_turns_send_exactly_the_whole_tokenization(tools):
+    h = await start(TurnEngine(ANSWER))
+    try:
+        sid, key = await _session(h)
+        sent, _ = await _turns(h, sid, key, 12, tools=tools)
+        assert [r.input_ids for r in h.engine.requests] == [_full(h, m, tools) for m in sent]
+        assert _paths(h)["incremental"] == 11 and _paths(h)["full"] == 1
+        paths = h.server.store.prompt_paths(sid)
+        assert paths == {"full": 1, "incremental": 11}
+        # The recording holds what was sent.
+        rows = h.server.store.interactions(sid)
+        assert [r.prompt_ids for r in rows] == [r.input_ids for r in h.engine.requests]
+    finally:
+        await h.close()
+
+
+async def test_concat_turns_continue_the_exact_previous_ids():
+    h = await start(TurnEngine(ANSWER), chat_template_type="concat")
+    try:
+        sid, key = await _session(h)
+        sent, _ = await _turns(h, sid, key, 10)
+        reqs = h.engine.requests
+        builder = PromptBuilder(h.tok, template_type="concat")
+        for i in range(1, len(sent)):
+            previous = [*reqs[i - 1].input_ids, *ANSWER]
+            assert reqs[i].input_ids[: len(previous)] == previous
+            expected = builder.prompt_ids(
+                sent[i], previous_ids=previous, previous_messages=len(sent[i - 1]) + 1
+            )
+            assert reqs[i].input_ids == expected
+        assert _paths(h)["incremental"] == 9
+        rows = h.server.store.interactions(sid)
+        assert all(r.inherited == len(rows[i - 1].prompt_ids) + 4 for i, r in enumerate(rows) if i)
+    finally:
+        await h.close()
+
+
+async def test_fallbacks_answer_right_and_are_counted():
+    h = await start(TurnEngine(ANSWER))
+    try:
+        sid, key = await _session(h)
+        _sent, msgs = await _turns(h, sid, key, 3)
+
+        async def send(messages, tools=None):
+            body: dict[str, Any] = {"messages": messages, "max_tokens": 8}
+            if tools:
+                body["tools"] = tools
+            await h.chat(body, api_key=key, session_id=sid)
+            assert h.engine.requests[-1].input_ids == _full(h, messages, tools)
+
+        # An earlier message edited: the messages extend no recorded turn.
+        edited = [dict(m) for m in msgs] + [_user(10)]
+        edited[1] = {"role": "user", "content": "something else"}
+        await send(edited)
+        assert _paths(h)["history_edited"] == 1
+        # A new system prompt: likewise.
+        await send([{"role": "system", "content": "Be verbose."}, *msgs[1:], _user(11)])
+        assert _paths(h)["history_edited"] == 2
+        # Tools the template renders, sent for the first time mid-session: the lineage still
+        # matches (it ignores tools), the rendering of the old part does not.
+        await send([*msgs, _user(12)], TOOLS)
+        assert _paths(h)["render_changed"] == 1
+        paths = h.server.store.prompt_paths(sid)
+        assert paths["full:history_edited"] == 2 and paths["full:render_changed"] == 1
+    finally:
+        await h.close()
+
+
+async def test_a_session_evicted_from_the_cache_falls_back_then_continues():
+    h = await start(TurnEngine(ANSWER), prompt_cache_mb=1, context_length=1_000_000)
+    try:
+        a = await _session(h)
+        b = await _session(h)
+        _sent_a, msgs_a = await _turns(h, *a, 2)
+        # b's turns fill the cache past 1 MiB: a, least recently used, is evicted.
+        big = [{"role": "system", "content": "x " * 300_000}]
+        await _turns(h, *b, 2, start_msgs=big)
+        assert h.server.book.turns.latest(a[0]) is None
+        msgs_a.append(_user(5))
+        await h.chat({"messages": msgs_a, "max_tokens": 8}, api_key=a[1], session_id=a[0])
+        assert h.engine.requests[-1].input_ids == _full(h, msgs_a)
+        assert _paths(h)["not_cached"] == 1
+        assert h.server.store.prompt_paths(a[0])["full:not_cached"] == 1
+    finally:
+        await h.close()
+
+
+async def test_a_restarted_proxy_continues_the_session(tmp_path):
+    db = str(tmp_path / "proxy.db")
+    h = await start(TurnEngine(ANSWER), db_path=db)
+    try:
+        sid, key = await _session(h)
+        _, msgs = await _turns(h, sid, key, 3)
+    finally:
+        await h.close()
+    h = await start(TurnEngine(ANSWER), db_path=db)
+    try:
+        for i in range(2):
+            msgs.append(_user(20 + i))
+            r = await h.chat({"messages": msgs, "max_tokens": 8}, api_key=key, session_id=sid)
+            assert h.engine.requests[-1].input_ids == _full(h, msgs)
+            msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+        assert h.server.store.prompt_paths(sid) == {
+            "full": 1,
+            "incremental": 3,
+            "full:not_cached": 1,
+        }
+        rows = h.server.store.interactions(sid)
+        assert [r.parent_id for r in rows][1:] == [r.interaction_id for r in rows][:-1]
+    finally:
+        await h.close()
+
+
+async def test_two_turns_of_one_session_in_flight_at_once():
+    h = await start(TurnEngine(ANSWER, delay=0.05))
+    try:
+        sid, key = await _session(h)
+        _, msgs = await _turns(h, sid, key, 2)
+        # A harness running two tool calls side by side: two requests extend the same turn.
+        branches = [[*msgs, _user(30)], [*msgs, *_tool_turn(31), _user(31)]]
+        await asyncio.gather(
+            *(
+                h.chat({"messages": m, "max_tokens": 8}, api_key=key, session_id=sid)
+                for m in branches
+            )
+        )
+        got = sorted(r.input_ids for r in h.engine.requests[-2:])
+        assert got == sorted(_full(h, m) for m in branches)
+        assert h.server.store.prompt_paths(sid)["incremental"] == 3
+    finally:
+        await h.close()
+
+
+async def test_stream_and_choices_continue_too():
+    h = await start(TurnEngine(ANSWER))
+    try:
+        sid, key = await _session(h)
+        msgs = [_user(0)]
+        await h.chat_stream({"messages": msgs, "max_tokens": 8}, api_key=key, session_id=sid)
+        msgs += [{"role": "assistant", "content": h.tok.decode(ANSWER)}, _user(1)]
+        r = await h.chat({"messages": msgs, "max_tokens": 8, "n": 2}, api_key=key, session_id=sid)
+        assert [c["index"] for c in r["choices"]] == [0, 1]
+        assert h.engine.requests[-1].input_ids == _full(h, msgs)
+        msgs += [{"role": "assistant", "content": r["choices"][1]["message"]["content"]}]
+        msgs.append(_user(2))
+        await h.chat_stream({"messages": msgs, "max_tokens": 8}, api_key=key, session_id=sid)
+        assert h.engine.requests[-1].input_ids == _full(h, msgs)
+        assert h.server.store.prompt_paths(sid) == {"full": 1, "incremental": 3}
+    finally:
+        await h.close()
