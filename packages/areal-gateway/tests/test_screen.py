@@ -164,3 +164,40 @@ def test_the_screen_works_on_the_gateways_event_loop() -> None:
     factory = loop_factory()
     with asyncio.Runner(loop_factory=factory) as runner:
         assert runner.run(go())[:2] == ("m", False)
+
+
+def test_a_sessions_body_that_grew_by_a_turn_is_not_screened(stack: Stack) -> None:
+    """A long agent session's bodies pass the threshold after some 60 turns: once a body of
+    the session was answered, its next one, bigger by less than the threshold, is parsed by
+    the gateway itself (no detour per turn); a jump by more is screened again, and the admin
+    key's huge bodies always are."""
+    stack.register("m-screen")
+    gw = stack.start_gateway(max_body_bytes=BIG, session_key_secret="s" * 40)
+    sid = "sess-" + uuid.uuid4().hex[:24]
+    key = gw.gateway.auth.mint_session_key(sid)
+    real = gw.gateway.screen.call
+    screened: list[int] = []
+
+    async def counting(kind: bytes, body: bytes) -> bytes:
+        screened.append(len(body))
+        return await real(kind, body)
+
+    gw.gateway.screen.call = counting  # type: ignore[method-assign]
+    msgs = [{"role": "user", "content": PAD}]
+
+    def send(auth: str) -> None:
+        body = orjson.dumps({"model": "m-screen", "messages": msgs})
+        rid, r = _post(gw.url, body, Authorization=f"Bearer {auth}")
+        assert r.status_code == 200, r.text
+        assert stack.find(rid).body == body
+
+    send(key)
+    assert len(screened) == 1, "the session's first huge body is screened"
+    msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "x" * 50_000}]
+    send(key)
+    assert len(screened) == 1, "a turn more is parsed here"
+    msgs += [{"role": "user", "content": PAD}]
+    send(key)
+    assert len(screened) == 2, "more than the threshold at once is screened"
+    send(ADMIN_KEY)
+    assert len(screened) == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +43,9 @@ from areal_runtime.offload import OffloadFailed
 
 log = logging.getLogger(__name__)
 
+# Sessions whose last answered body size is remembered (a few MB of memory at most).
+_SESSION_SIZES = 65_536
+
 _ENDPOINTS: dict[str, tuple[Endpoint, Any]] = {
     "/v1/chat/completions": (CHAT, check_chat),
     "/chat/completions": (CHAT, check_chat),
@@ -63,6 +67,24 @@ class GenerationFastPath:
         self._status: dict[tuple[str, int], Any] = {}
         # What `previous_response_id` continues, in this process (responses/store.py).
         self.responses = ResponseStore()
+        # The size of the last body each session had answered (least recently used dropped):
+        # a session's next body, grown by less than the screen's threshold, is its previous
+        # conversation plus a turn, and is parsed here like a small one. A long agent session
+        # passes 256 KiB after some 60 turns; the detour through the screen would then tax
+        # every later turn of the legitimate traffic the threshold was not meant for.
+        self._session_bodies: OrderedDict[str, int] = OrderedDict()
+
+    def _continues_session(self, session_id: str, size: int) -> bool:
+        known = self._session_bodies.get(session_id)
+        return known is not None and size - known <= screen.SCREEN_MIN_BODY
+
+    def _answered(self, response: GenerationResponse) -> None:
+        sid = response.principal.session_id
+        if sid and response.raw_body:
+            self._session_bodies[sid] = len(response.raw_body)
+            self._session_bodies.move_to_end(sid)
+            if len(self._session_bodies) > _SESSION_SIZES:
+                self._session_bodies.popitem(last=False)
 
     # Same series as MetricsMiddleware (one child lookup per label, then cached).
     def _metrics(self, label: str) -> tuple[Any, Any]:
@@ -132,6 +154,8 @@ class GenerationFastPath:
                 await _whole(send_counted, err.http_status, headers, error_body(err))
                 return
             await response(scope, receive, send_counted)
+            if status == 200:
+                self._answered(response)
         except Exception as exc:
             log.error("unhandled error on POST %s: %r", scope["path"], exc, exc_info=exc)
             if started:
@@ -164,7 +188,11 @@ class GenerationFastPath:
                 rid = value.decode("latin-1")
         principal = gw.auth.authenticate(bearer_key(auth))
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
-        if endpoint is not responses.RESPONSES and len(body) > screen.SCREEN_MIN_BODY:
+        if (
+            endpoint is not responses.RESPONSES
+            and len(body) > screen.SCREEN_MIN_BODY
+            and not self._continues_session(principal.session_id, len(body))
+        ):
             found = await self._screened(endpoint, body)
             if found is not None:
                 model, stream, prefix = found
