@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 from proxy_fakes import PARROT
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -117,6 +118,15 @@ def _full(builder: PromptBuilder, tok: ModelTokenizer, msgs, tools=None) -> list
     return tok.encode(builder.render(msgs, tools))
 
 
+def _check_json(built) -> None:
+    """The JSON kept for the engine request says exactly the ids."""
+    if built.incremental:
+        assert orjson.loads(built.ids_json) == built.ids
+    state = built.state
+    if state is not None and state.json:
+        assert orjson.loads(b"[" + state.json + b"]") == state.ids[: state.kept]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_hf_continued_prompts_equal_whole_tokenization(tok, seed):
     rng = random.Random(seed)
@@ -129,6 +139,7 @@ def test_hf_continued_prompts_equal_whole_tokenization(tok, seed):
     for msgs in _turns(rng, 20, tools=True):
         built = sp.build(msgs, tools, None, Previous(parent_state=state))
         assert built.ids == _full(builder, tok, msgs, tools)
+        _check_json(built)
         paths.append(built.incremental)
         state = built.state
     assert paths[0] is False and all(paths[1:]), "every turn after the first continues"
@@ -203,6 +214,7 @@ def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
             previous_messages=covered,
         )
         assert built.ids == expected
+        _check_json(built)
         if tok._byte_level:
             assert built.incremental == (turn > 0)
         # A Metaspace tokenizer decodes an answer's first token with a space in context and
@@ -216,6 +228,7 @@ def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
         state = sp.after_answer(built.state, output)
         assert state is not None
         assert state.text == tok.decode(state.ids, skip_special_tokens=False)
+        assert orjson.loads(b"[" + state.json + b"]") == state.ids
         msgs = [*msgs, answer]
         covered = len(msgs)
 
@@ -267,3 +280,16 @@ def test_turn_cache_is_bounded_and_keeps_the_latest_session():
     off = TurnCache(max_bytes=0)
     off.put("a", turn(1, 1))
     assert off.latest("a") is None
+
+
+def test_an_engine_request_with_its_ids_encoded_already_is_the_same_request():
+    from areal_proxy.engine.base import GenerationRequest
+    from areal_proxy.engine.sglang import _payload
+
+    ids = [5, 1, 900, 2]
+    req = GenerationRequest(input_ids=ids, max_new_tokens=4, rid="r-1", top_logprobs=2)
+    encoded = GenerationRequest(
+        input_ids=ids, max_new_tokens=4, rid="r-1", top_logprobs=2, input_ids_json=b"[5,1,900,2]"
+    )
+    for stream in (False, True):
+        assert orjson.loads(_payload(encoded, stream)) == orjson.loads(_payload(req, stream))

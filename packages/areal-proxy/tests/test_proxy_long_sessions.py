@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+import orjson
 import pytest
 from proxy_fakes import EOS, FakeEngineClient, start
 
@@ -20,9 +21,15 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"typ
 
 
 class TurnEngine(FakeEngineClient):
-    """The same answer to every request (each a new turn, not a resubmission)."""
+    """The same answer to every request (each a new turn, not a resubmission); checks that
+    the ids encoded ahead for the engine's JSON are the request's ids."""
+
+    encoded = 0
 
     async def generate_stream(self, req):  # type: ignore[no-untyped-def]
+        if req.input_ids_json is not None:
+            assert orjson.loads(req.input_ids_json) == req.input_ids
+            self.encoded += 1
         self._prompt_len = None
         async for chunk in super().generate_stream(req):
             yield chunk
@@ -95,6 +102,7 @@ async def test_hf_turns_send_exactly_the_whole_tokenization(tools):
         sent, _ = await _turns(h, sid, key, 12, tools=tools)
         assert [r.input_ids for r in h.engine.requests] == [_full(h, m, tools) for m in sent]
         assert _paths(h)["incremental"] == 11 and _paths(h)["full"] == 1
+        assert h.engine.encoded == 11, "a continued prompt's ids go to the engine encoded"
         paths = h.server.store.prompt_paths(sid)
         assert paths == {"full": 1, "incremental": 11}
         # The recording holds what was sent.

@@ -50,6 +50,10 @@ class GenerationRecord:
     attempts: int = 0
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    # `prompt_ids` already encoded as a JSON array, when the prompt builder had it (a long
+    # session's prompt is mostly its previous one, whose encoding is kept): the engine
+    # request then costs what is new, not the whole prompt's encoding.
+    prompt_json: bytes | None = None
 
     @property
     def remaining(self) -> int:
@@ -199,8 +203,10 @@ class GenerationController:
 
     # ---- generation --------------------------------------------------------------------
 
-    def start(self, prompt_ids: list[int], max_new_tokens: int) -> GenerationRecord:
-        rec = GenerationRecord(new_rid(), prompt_ids, max_new_tokens)
+    def start(
+        self, prompt_ids: list[int], max_new_tokens: int, prompt_json: bytes | None = None
+    ) -> GenerationRecord:
+        rec = GenerationRecord(new_rid(), prompt_ids, max_new_tokens, prompt_json=prompt_json)
         self.inflight[rec.rid] = rec
         self.total_requests += 1
         return rec
@@ -233,8 +239,17 @@ class GenerationController:
     def _attempt(self, rec: GenerationRecord, template: GenerationRequest) -> GenerationRequest:
         rec.attempts += 1
         rec.engine_rid = f"{rec.rid}-{rec.attempts}"
-        ids = rec.prompt_ids + rec.token_ids if rec.token_ids else rec.prompt_ids
-        return replace(template, input_ids=ids, max_new_tokens=rec.remaining, rid=rec.engine_rid)
+        if rec.token_ids:
+            ids, encoded = rec.prompt_ids + rec.token_ids, None
+        else:
+            ids, encoded = rec.prompt_ids, rec.prompt_json
+        return replace(
+            template,
+            input_ids=ids,
+            input_ids_json=encoded,
+            max_new_tokens=rec.remaining,
+            rid=rec.engine_rid,
+        )
 
     def _by_pause(self, finish: str | None, epoch: int) -> bool:
         return finish == "abort" and (self._paused or self._pause_epoch != epoch)

@@ -59,6 +59,9 @@ class EngineError(Exception):
 class GenerationRequest:
     input_ids: list[int]
     max_new_tokens: int
+    # `input_ids` as a JSON array, when the caller has it already (engine clients that send
+    # JSON splice it in instead of encoding the ids again); None: encode them.
+    input_ids_json: bytes | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1

@@ -58,7 +58,6 @@ def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
 
 def _payload(req: GenerationRequest, stream: bool) -> bytes:
     body: dict[str, Any] = {
-        "input_ids": req.input_ids,
         "sampling_params": _sampling_params(req),
         "return_logprob": True,
         "stream": stream,
@@ -67,6 +66,11 @@ def _payload(req: GenerationRequest, stream: bool) -> bytes:
         body["top_logprobs_num"] = req.top_logprobs
     if req.rid:
         body["rid"] = req.rid
+    if req.input_ids_json is not None:
+        # The ids encoded once per session turn's new part (prompt/incremental.py), spliced
+        # in: `body` always has keys, so its encoding starts `{"`.
+        return b'{"input_ids":' + req.input_ids_json + b"," + orjson.dumps(body)[1:]
+    body["input_ids"] = req.input_ids
     return orjson.dumps(body)
 
 

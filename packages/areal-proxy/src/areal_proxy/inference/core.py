@@ -80,6 +80,8 @@ class Prepared:
     template: GenerationRequest
     # One per choice, with the index of the prompt it answers (choice k = prompt i * n + j).
     recs: list[tuple[GenerationRecord, int]] = field(default_factory=list)
+    # Each prompt's ids as JSON where the prompt builder made it (prompt/incremental.py).
+    prompts_json: list[bytes | None] = field(default_factory=list)
 
     def turn_of(self, k: int) -> OpenTurn | None:
         """The open turn of choice `k`: with one choice the request's own (its interaction id
@@ -203,7 +205,10 @@ class InferenceCore:
             for i, prompt in enumerate(p.prompts)
         ]
         for i, (prompt, budget) in enumerate(zip(p.prompts, budgets, strict=True)):
-            p.recs.extend((self.controller.start(prompt, budget), i) for _ in range(sampling.n))
+            encoded = p.prompts_json[i] if p.prompts_json else None
+            p.recs.extend(
+                (self.controller.start(prompt, budget, encoded), i) for _ in range(sampling.n)
+            )
 
     def finish(self, p: Prepared) -> None:
         for rec, _ in p.recs:
@@ -298,6 +303,8 @@ class InferenceCore:
                 )
             template.constraint = (forced.kind, forced.value)
         p = Prepared(rid, ot, [prompt], template)
+        if ot is not None and ot.prompt is not None:
+            p.prompts_json = [ot.prompt.ids_json]
         self._start(p, req.sampling, lambda _: "messages")
         return req, p
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from areal_proxy.chat_template import PromptBuilder, PromptTooLong
 from areal_proxy.prompt.cuts import Cuts
 from areal_proxy.prompt.state import PromptState
@@ -65,6 +67,8 @@ class Built:
     reused: int = 0
     # Ids tokenized for this prompt (the rest were taken over).
     tokenized: int = 0
+    # `ids` as a JSON array, made from the previous turn's encoding (None: not made).
+    ids_json: bytes | None = None
 
     @property
     def path(self) -> str:
@@ -114,7 +118,8 @@ class SessionPrompts:
         text = self._decoded_after(state.ids, output_ids)
         if text is None:
             return None
-        return PromptState(state.text + text, state.ids + self.interned(output_ids))
+        ids = state.ids + self.interned(output_ids)
+        return PromptState(state.text + text, ids, json=_joined(state.json, output_ids))
 
     # ---- hf --------------------------------------------------------------------------
 
@@ -129,13 +134,33 @@ class SessionPrompts:
                 if built is not None:
                     if state is prev.parent_state:
                         built.reused = state.cut_tokens[-1]
-                    return built
+                    return self._encoded(built, state)
                 if state is prev.parent_state:
                     reason = "render_changed"
                 else:
                     reason = reason or "history_edited"
         ids = self.interned(self.tok.encode(rendered, limit=limit))
         return Built(ids, self._hf_state(rendered, ids), reason=reason, tokenized=len(ids))
+
+    @staticmethod
+    def _encoded(built: Built, prev: PromptState) -> Built:
+        """`built` (which continues `prev`'s kept ids) with its ids' JSON, and its state's."""
+        if prev.kept and not prev.json:
+            return built  # nothing kept to start from: the engine client encodes the ids
+        new = built.ids[prev.kept :]
+        built.ids_json = b"[" + _joined(prev.json, new) + b"]"
+        state = built.state
+        if state is not None:
+            kept = state.kept
+            part = new if kept == len(built.ids) else built.ids[prev.kept : kept]
+            built.state = PromptState(
+                state.text,
+                state.ids,
+                state.cut_chars,
+                state.cut_tokens,
+                json=_joined(prev.json, part),
+            )
+        return built
 
     def _continue_hf(self, prev: PromptState, rendered: str, limit: int) -> Built | None:
         assert self.cuts is not None
@@ -176,7 +201,8 @@ class SessionPrompts:
         if any(ids[i] != t for i, (_, t) in zip(at, found, strict=True)):
             return PromptState("", ids)
         chars = tuple(p for p, _ in found)
-        return PromptState(rendered[: chars[-1]], ids, chars, tuple(at))
+        kept_json = orjson.dumps(ids[: at[-1]])[1:-1]
+        return PromptState(rendered[: chars[-1]], ids, chars, tuple(at), kept_json)
 
     # ---- concat ----------------------------------------------------------------------
 
@@ -200,7 +226,8 @@ class SessionPrompts:
                 raise PromptTooLong(len(ids))
             text = self._decoded_after(state.ids, new)
             keep = PromptState(state.text + text, ids) if text is not None else None
-            return Built(ids, keep, incremental=True, reused=len(state.ids), tokenized=len(new))
+            built = Built(ids, keep, incremental=True, reused=len(state.ids), tokenized=len(new))
+            return self._encoded(built, state)
         reason = "render_changed" if state is not None else (prev.reason or "not_cached")
         previous = [*parent.prompt_ids, *parent.output_ids]
         ids = self.interned(
@@ -220,7 +247,8 @@ class SessionPrompts:
         )
 
     def _concat_state(self, ids: list[int]) -> PromptState:
-        return PromptState(self.tok.decode(ids, skip_special_tokens=False), ids)
+        text = self.tok.decode(ids, skip_special_tokens=False)
+        return PromptState(text, ids, json=orjson.dumps(ids)[1:-1])
 
     def _decoded_after(self, before: list[int], new: list[int]) -> str | None:
         """The text `new` adds after `before` in decode(before + new), from a window of
@@ -233,3 +261,11 @@ class SessionPrompts:
         if head.endswith("\ufffd") or not whole.startswith(head):
             return None
         return whole[len(head) :]
+
+
+def _joined(head: bytes, ids: list[int]) -> bytes:
+    """The inside of a JSON array: `head` (an inside already), then `ids`."""
+    if not ids:
+        return head
+    tail = orjson.dumps(ids)[1:-1]
+    return head + b"," + tail if head else tail

@@ -28,16 +28,27 @@ class PromptState:
     `hf`: `ids` are the prompt's, `text` is the rendered prompt up to its last cut, and
     `cut_chars[i]` / `cut_tokens[i]` say that text[:cut_chars[i]] tokenizes to
     ids[:cut_tokens[i]] whatever follows it (prompt/cuts.py). `concat`: `ids` are the
-    prompt + the answer, `text` their decoding (special tokens kept), and no cuts."""
+    prompt + the answer, `text` their decoding (special tokens kept), and no cuts.
+
+    `json`: the ids a next prompt takes over (hf: up to the last cut; concat: all) encoded as
+    the inside of a JSON array, so its engine request encodes only what is new."""
 
     text: str
     ids: list[int]
     cut_chars: tuple[int, ...] = ()
     cut_tokens: tuple[int, ...] = ()
+    json: bytes = b""
+
+    @property
+    def kept(self) -> int:
+        """How many leading ids a next prompt takes over (what `json` encodes)."""
+        return self.cut_tokens[-1] if self.cut_tokens else len(self.ids)
 
     def nbytes(self) -> int:
-        # The text, and the list's pointers (its ints are shared: prompt/incremental.py).
-        return sys.getsizeof(self.text) + 8 * len(self.ids) + 16 * len(self.cut_chars)
+        # The text, the list's pointers (its ints are shared: prompt/incremental.py), the JSON.
+        return (
+            sys.getsizeof(self.text) + 8 * len(self.ids) + len(self.json) + 16 * len(self.cut_chars)
+        )
 
 
 @dataclass(slots=True)
