@@ -11,6 +11,8 @@ from areal_client import (
     AsyncArealClient,
     AuthenticationError,
     NotFoundError,
+    PermissionDeniedError,
+    Session,
 )
 
 pytestmark = pytest.mark.engine
@@ -80,6 +82,41 @@ def test_iter_export_read_whole_removes_the_sessions(areal):
     assert [r.session_id for r in rows] == [session.session_id]
     with pytest.raises(NotFoundError):
         areal.export(session_ids=[session.session_id])
+
+
+def test_session_status_from_the_proxy_that_holds_it(areal):
+    """GET /rl/sessions/{id} through the real router and proxy: its own key or the admin key,
+    ended too; another session's key is refused."""
+    group = areal.start_group(task_id="client-status", group_size=2)
+    s, other = group.sessions
+    llm = s.openai(max_retries=0, http_client=areal.http_client)
+    msgs = [{"role": "user", "content": "hi"}]
+    for turn in range(2):
+        r = llm.chat.completions.create(model=group.model, messages=msgs, max_tokens=2)
+        answer = {"role": "assistant", "content": r.choices[0].message.content}
+        msgs = [*msgs, answer, {"role": "user", "content": f"more {turn}"}]
+    st = areal.session_status(s)
+    assert (st.session_id, st.group_id, st.task_id, st.model) == (
+        s.session_id,
+        group.group_id,
+        "client-status",
+        group.model,
+    )
+    assert st.interactions == 2 and not st.ended and st.prompt.cached
+    # The first turn is built whole; the second continues it unless it fell back (with why).
+    assert st.prompt.incremental + st.prompt.full == 2 and st.prompt.full >= 1
+    assert sum(st.prompt.fallbacks.values()) == st.prompt.full - 1
+    assert areal.session_status(s.session_id) == st  # the admin key
+    with pytest.raises(PermissionDeniedError) as info:
+        areal.session_status(Session(s.session_id, other.api_key, group.group_id, s.base_url))
+    assert info.value.code == "forbidden_session"
+    assert areal.session_status(other).interactions == 0
+    assert areal.end_session(s) == 1
+    ended = areal.session_status(s)
+    assert ended.ended and ended.interactions == 2 and not ended.prompt.cached
+    with pytest.raises(NotFoundError) as info:
+        areal.session_status("sess-0123456789abcdef01234567")
+    assert info.value.code == "session_not_found"
 
 
 def test_admin_listing_and_control_round_trip(areal):

@@ -56,6 +56,29 @@ def control_answer(action: str, *workers: dict[str, Any]) -> dict[str, Any]:
     return {"action": action, "workers": ws, "version": max(versions) if versions else None}
 
 
+def status_answer(sid: str = "sess-0", **over: Any) -> dict[str, Any]:
+    """GET /rl/sessions/{id}, as rl.py passes on what the proxy's SessionBook.status makes."""
+    out: dict[str, Any] = {
+        "session_id": sid,
+        "group_id": "group-1",
+        "task_id": "t-1",
+        "model": "tiny",
+        "created_at": 1700000000.5,
+        "last_active_at": 1700000009,
+        "ended": False,
+        "interactions": 4,
+        "prompt": {
+            "incremental": 2,
+            "full": 2,
+            "fallbacks": {"history_edited": 1},
+            "cached": True,
+            "last_prompt_tokens": 57,
+        },
+    }
+    out.update(over)
+    return out
+
+
 Answer = httpx.Response | Callable[[httpx.Request], httpx.Response]
 
 EXPORT_ID = "exp-1.WyJncm91cDpncm91cC0xIl0"

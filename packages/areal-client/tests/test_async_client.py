@@ -23,6 +23,7 @@ from client_fakes import (
     export_answer,
     group_answer,
     row,
+    status_answer,
 )
 
 from areal_client import (
@@ -50,6 +51,8 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("set_reward", ("sess-0", 1.0), {}),
     ("end_session", (S,), {}),
     ("end_session", ("sess-0",), {}),
+    ("session_status", (S,), {}),
+    ("session_status", ("sess-0",), {}),
     ("export", (), {"group_id": "group-1", "style": "concat", "discount": 0.5}),
     ("export", (), {"session": S, "remove_session": True}),
     ("ack_export", ("exp-2.x",), {}),
@@ -74,6 +77,7 @@ def _gateway() -> FakeGateway:
     gw.on("POST", "/rl/start_session", start)
     gw.on("POST", "/rl/set_reward", {"session_id": "sess-0", "interaction_id": "c-1", "reward": 1})
     gw.on("POST", "/rl/end_session", {"ended": 1})
+    gw.on("GET", "/rl/sessions/sess-0", status_answer())
     gw.on("POST", "/rl/export_trajectories", export_answer(row(0)))
     gw.on("POST", "/rl/ack_export", ack_answer(["sess-0"]))
     for action in ("pause", "continue", "set_version", "update_weights"):

@@ -23,6 +23,7 @@ from client_fakes import (
     export_answer,
     group_answer,
     row,
+    status_answer,
 )
 
 from areal_client import (
@@ -40,8 +41,11 @@ from areal_client import (
     InvalidResponseError,
     NotFoundError,
     PartialFailureError,
+    PermissionDeniedError,
+    PromptPaths,
     RateLimitError,
     Session,
+    SessionStatus,
     Trajectory,
 )
 
@@ -156,6 +160,65 @@ def test_end_session_by_key_and_by_id(areal, gw) -> None:
     assert bearer(gw.last) == "areal-sk-sess-0.s0" and gw.last_body() == {}
     assert areal.end_session("sess-7") == 1
     assert bearer(gw.last) == ADMIN and gw.last_body() == {"session_ids": ["sess-7"]}
+
+
+def test_session_status_by_key_and_by_id(areal, gw) -> None:
+    gw.on("GET", "/rl/sessions/sess-0", status_answer("sess-0"))
+    st = areal.session_status(_session(0))
+    req = gw.last
+    assert (req.method, req.url) == ("GET", BASE + "/rl/sessions/sess-0")
+    assert bearer(req) == "areal-sk-sess-0.s0" and req.content == b""
+    assert "Content-Type" not in req.headers
+    assert st == SessionStatus(
+        session_id="sess-0",
+        group_id="group-1",
+        task_id="t-1",
+        model="tiny",
+        created_at=1700000000.5,
+        last_active_at=1700000009.0,
+        ended=False,
+        interactions=4,
+        prompt=PromptPaths(
+            incremental=2,
+            full=2,
+            fallbacks={"history_edited": 1},
+            cached=True,
+            last_prompt_tokens=57,
+        ),
+    )
+    assert isinstance(st.last_active_at, float)
+    # A session id: the admin key reads it; nothing cached, and ended.
+    prompt = {**status_answer()["prompt"], "cached": False, "last_prompt_tokens": None}
+    gw.on("GET", "/rl/sessions/sess-7", status_answer("sess-7", ended=True, prompt=prompt))
+    st = areal.session_status("sess-7")
+    assert bearer(gw.last) == ADMIN
+    assert st.ended and st.prompt.last_prompt_tokens is None and not st.prompt.cached
+    with pytest.raises(ValueError, match="Session"):
+        areal.session_status("")
+
+
+def test_session_status_errors(areal, gw) -> None:
+    forbidden = {
+        "error": {"message": "no", "type": "permission_error", "code": "forbidden_session"}
+    }
+    gw.on("GET", "/rl/sessions/sess-1", forbidden, 403)
+    with pytest.raises(PermissionDeniedError) as info:
+        areal.session_status("sess-1")
+    assert info.value.code == "forbidden_session"
+    # An id is one path segment, whatever it holds.
+    with pytest.raises(NotFoundError):
+        areal.session_status("a/b?c")
+    assert gw.last.url.raw_path == b"/rl/sessions/a%2Fb%3Fc"
+    for bad, match in [
+        (status_answer(interactions="4"), "'interactions' should be int"),
+        (status_answer(ended=1), "'ended' should be bool"),
+        (status_answer(prompt=None), "'prompt' should be dict"),
+        (status_answer(prompt={**status_answer()["prompt"], "fallbacks": {"x": 1.5}}), "x"),
+        ({k: v for k, v in status_answer().items() if k != "model"}, "missing field 'model'"),
+    ]:
+        gw.on("GET", "/rl/sessions/sess-2", bad)
+        with pytest.raises(InvalidResponseError, match=match):
+            areal.session_status("sess-2")
 
 
 def test_export_by_group_returns_typed_rows(areal, gw) -> None:

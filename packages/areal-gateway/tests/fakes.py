@@ -68,6 +68,9 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
         self.proxies: dict[str, router_pb2.ProxyInfo] = {}
         self.routes: list[router_pb2.RouteRequest] = []
         self.list_models_calls = 0
+        # Session (or group) pins: id -> proxy id. A Route naming one goes to its proxy; one
+        # naming an unknown id and no model is a 404, as the real router answers.
+        self.pins: dict[str, str] = {}
         self._rr = itertools.count()
 
     def set_health(self, proxy_id: str, health: int) -> None:
@@ -102,6 +105,20 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
 
     async def Route(self, request: Any, context: Any) -> Any:
         self.routes.append(request)
+        pinned = self.proxies.get(self.pins.get(request.session_id, ""))
+        if pinned is not None:
+            return router_pb2.RouteResponse(
+                proxy_id=pinned.proxy_id, address=pinned.address, model=self.models[pinned.model]
+            )
+        if request.session_id and not request.model:
+            await abort(
+                context,
+                ServiceError(
+                    404,
+                    f"session {request.session_id!r} is not known to the router",
+                    code="session_not_found",
+                ),
+            )
         model = self.models.get(request.model)
         if model is None:
             await abort(
@@ -183,6 +200,8 @@ class FakeProxy(
     gate_timed_out: list[str] = field(default_factory=list)
     # What GetStats reports as the served model (a real router checks it).
     model: str = ""
+    # GetSession's answers: session id -> status (as the real proxy's SessionBook.status).
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def _record(self, method: str, request: Any, context: Any) -> dict[str, Any]:
         md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -315,6 +334,31 @@ class FakeProxy(
 
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
         return await self._unary("ChatCompletion", request, context)
+
+    async def GetSession(self, request: Any, context: Any) -> Any:
+        """The status of a session in `statuses`; a session key only its own (the real proxy
+        also checks the key's hash)."""
+        from areal_proto.proxy.v1 import proxy_pb2
+
+        md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        env = request.envelope
+        self.received.append(
+            Received("GetSession", env, request.session_id.encode(), md, context.time_remaining())
+        )
+        if not env.is_admin and env.session_id != request.session_id:
+            await abort(
+                context,
+                ServiceError(403, "not its own session", code="forbidden_session"),
+            )
+        status = self.statuses.get(request.session_id)
+        if status is None:
+            await abort(
+                context,
+                ServiceError(
+                    404, f"session '{request.session_id}' not found", code="session_not_found"
+                ),
+            )
+        return proxy_pb2.GetSessionResponse(status=orjson.dumps(status))
 
     async def Completion(self, request: Any, context: Any) -> Any:
         return await self._unary("Completion", request, context)

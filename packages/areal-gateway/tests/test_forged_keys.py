@@ -171,6 +171,7 @@ INFERENCE_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/models", None),
     ("GET", f"/v1/models/{MODEL}", None),
     ("POST", "/rl/set_reward", {"reward": 1.0}),
+    ("GET", "/rl/sessions/sess-0123456789abcdef01234567", None),
     ("POST", "/rl/end_session", {}),
     ("POST", "/rl/export_trajectories", {}),
     ("POST", "/export_trajectories", {}),

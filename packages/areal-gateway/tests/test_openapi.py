@@ -40,6 +40,7 @@ INFERENCE_OPERATIONS = {
     ("POST", "/rl/export_trajectories"),
     ("POST", "/export_trajectories"),
     ("POST", "/rl/ack_export"),
+    ("GET", "/rl/sessions/{session_id}"),
 }
 AGENT_OPERATIONS = {
     ("POST", "/v1/sessions"),

@@ -30,6 +30,7 @@ INFERENCE_PROXY = {
     "StartSessions",
     "EndSessions",
     "SetReward",
+    "GetSession",
     "ExportTrajectories",
     "AckExport",
     "Pause",

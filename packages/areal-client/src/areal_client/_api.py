@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -31,6 +32,7 @@ from areal_client.types import (
     ModelInfo,
     Reward,
     Session,
+    SessionStatus,
     Trajectory,
     Worker,
     _get,
@@ -217,6 +219,15 @@ class Requests:
             return int(_get(doc, "ended", int, "end_session"))
 
         return Call("POST", "/rl/end_session", key, parse, body)
+
+    def session_status(self, session: Session | str) -> Call[SessionStatus]:
+        ref = _session_ref(session, "session_status")
+        if isinstance(ref, Session):
+            key, sid = ref.api_key, ref.session_id
+        else:
+            key, sid = self.admin, ref
+        path = "/rl/sessions/" + quote(sid, safe="")
+        return Call("GET", path, key, lambda doc, _: SessionStatus.from_json(doc))
 
     def export(
         self,

@@ -31,6 +31,7 @@ from areal_client.types import (
     ModelInfo,
     Reward,
     Session,
+    SessionStatus,
     Trajectory,
     Worker,
 )
@@ -126,6 +127,12 @@ class AsyncArealClient:
     async def end_session(self, session: Session | str) -> int:
         """End a session (its records stay exportable); returns how many were ended."""
         return await self._run(self._api.end_session(session))
+
+    async def session_status(self, session: Session | str) -> SessionStatus:
+        """A session's status: its interactions, and how their chat prompts were built
+        (`prompt`: continued from the previous turn's, or whole, and why). A `Session` reads
+        with its own key; a session id with the admin key. An ended session stays readable."""
+        return await self._run(self._api.session_status(session))
 
     async def export(
         self,

@@ -31,6 +31,7 @@ from areal_client.types import (
     ModelInfo,
     Reward,
     Session,
+    SessionStatus,
     Trajectory,
     Worker,
 )
@@ -142,6 +143,12 @@ class ArealClient:
     def end_session(self, session: Session | str) -> int:
         """End a session (its records stay exportable); returns how many were ended."""
         return self._run(self._api.end_session(session))
+
+    def session_status(self, session: Session | str) -> SessionStatus:
+        """A session's status: its interactions, and how their chat prompts were built
+        (`prompt`: continued from the previous turn's, or whole, and why). A `Session` reads
+        with its own key; a session id with the admin key. An ended session stays readable."""
+        return self._run(self._api.session_status(session))
 
     def export(
         self,

@@ -258,6 +258,68 @@ class ExportAck:
         )
 
 
+@dataclass(frozen=True)
+class PromptPaths:
+    """How a session's chat prompts were built: `incremental` turns continued the previous
+    turn's prompt; `full` ones were built whole (the session's first, and each fallback, by
+    reason in `fallbacks`: `history_edited`, `not_cached`, `render_changed`,
+    `tokenizer_unsupported`). `cached`: the last turn is in the proxy's turn cache, whose
+    prompt has `last_prompt_tokens` tokens (None when none is cached)."""
+
+    incremental: int
+    full: int
+    fallbacks: dict[str, int]
+    cached: bool
+    last_prompt_tokens: int | None
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> PromptPaths:
+        fallbacks = _get(doc, "fallbacks", dict, where)
+        for reason, n in fallbacks.items():
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise InvalidResponseError(
+                    f"{where}.fallbacks: {reason!r} should be int, got {n!r:.80}"
+                )
+        return cls(
+            incremental=_get(doc, "incremental", int, where),
+            full=_get(doc, "full", int, where),
+            fallbacks=dict(fallbacks),
+            cached=_get(doc, "cached", bool, where),
+            last_prompt_tokens=_opt(doc, "last_prompt_tokens", int, where),
+        )
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """A session's status (`session_status`): its interactions, and how their prompts were
+    built. Times are unix seconds; an ended session keeps its status."""
+
+    session_id: str
+    group_id: str
+    task_id: str
+    model: str
+    created_at: float
+    last_active_at: float
+    ended: bool
+    interactions: int
+    prompt: PromptPaths
+
+    @classmethod
+    def from_json(cls, doc: Any) -> SessionStatus:
+        w = "session_status"
+        return cls(
+            session_id=_get(doc, "session_id", str, w),
+            group_id=_get(doc, "group_id", str, w),
+            task_id=_get(doc, "task_id", str, w),
+            model=_get(doc, "model", str, w),
+            created_at=_number(doc, "created_at", w),
+            last_active_at=_number(doc, "last_active_at", w),
+            ended=_get(doc, "ended", bool, w),
+            interactions=_get(doc, "interactions", int, w),
+            prompt=PromptPaths.from_json(_get(doc, "prompt", dict, w), f"{w}.prompt"),
+        )
+
+
 def _str(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidResponseError(f"{what}: expected a string, got {value!r:.80}")

@@ -5,6 +5,7 @@
 | POST /rl/export_trajectories | admin key, or a session key for its own session          |
 | POST /rl/end_session         | session key (its own) or admin key (`session_ids`)        |
 | POST /rl/ack_export          | the export's key: removes what an export with removal read |
+| GET /rl/sessions/{id}        | admin key, or a session key for its own session (ended too) |
 
 A group is pinned on the router under the id `group:<group_id>` beside its sessions,
 so an export by group goes straight to the proxy that holds it. The gateway keeps no
@@ -37,6 +38,7 @@ from areal_gateway.schemas import (
     ExportRequest,
     ExportResult,
     RewardResult,
+    SessionStatus,
     SetRewardRequest,
     StartedGroup,
     StartSessionRequest,
@@ -222,6 +224,21 @@ async def set_reward(
     return json_response(
         {"session_id": sid, "interaction_id": out.interaction_id, "reward": out.reward}
     )
+
+
+@router.get("/rl/sessions/{session_id}", response_model=SessionStatus)
+async def session_status(
+    session_id: str, request: Request, gw: GatewayDep, principal: AnyKey
+) -> Response:
+    """A session's status: its turns, and how their chat prompts were built (continued from
+    the previous turn's, or whole, and why). The admin key reads any session; a session key
+    only its own, ended too."""
+    sid = _session_target(principal, session_id)
+    address = await _where(gw, sid)
+    status = await gw.proxies.get(address).session_status(
+        proxy_pb2.GetSessionRequest(session_id=sid, envelope=_envelope(principal, request))
+    )
+    return json_response(status)
 
 
 @router.post("/rl/end_session", response_model=EndedSessions)

@@ -300,6 +300,39 @@ class AckExportResult(_Response):
     )
 
 
+class PromptPaths(_Response):
+    """How a session's chat prompts were built (areal_proxy.prompt.incremental)."""
+
+    incremental: int = Field(description="chat turns whose prompt continued the previous turn's")
+    full: int = Field(
+        description="chat turns whose prompt was built whole: the session's first, and each "
+        "fallback"
+    )
+    fallbacks: dict[str, int] = Field(
+        description="the fallbacks among `full`, by reason: `history_edited`, `not_cached`, "
+        "`render_changed`, `tokenizer_unsupported`"
+    )
+    cached: bool = Field(
+        description="the session's last turn is in the proxy's turn cache (a next turn that "
+        "extends it may continue its prompt)"
+    )
+    last_prompt_tokens: int | None = Field(
+        description="the prompt length of that cached turn; null when none is cached"
+    )
+
+
+class SessionStatus(_Response):
+    session_id: str
+    group_id: str
+    task_id: str
+    model: str
+    created_at: float = Field(description="unix seconds")
+    last_active_at: float = Field(description="unix seconds: the last turn or reward")
+    ended: bool
+    interactions: int = Field(description="the interactions recorded (every choice of a turn)")
+    prompt: PromptPaths
+
+
 # --- agent mode (agent/sessions.py, agent/pairs.py) ----------------------------------------------
 
 

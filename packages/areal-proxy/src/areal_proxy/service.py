@@ -35,9 +35,11 @@ from areal_runtime.errors import (
     InvalidRequest,
     PermissionDenied,
     ServiceError,
+    Unauthenticated,
     abort,
     error_for,
 )
+from areal_runtime.session_keys import key_matches
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _CHUNK_ROWS = 256
@@ -359,8 +361,11 @@ class ProxyServicer(
             raise Conflict("this proxy records no sessions", code="no_recording")
         return self.book
 
-    def _acting_on(self, env: Any, session_id: str, *, for_turn: bool) -> Session:
-        """The session `env`'s key may act on: its own (session key) or any (admin key)."""
+    def _acting_on(
+        self, env: Any, session_id: str, *, for_turn: bool, ended_ok: bool = False
+    ) -> Session:
+        """The session `env`'s key may act on: its own (session key) or any (admin key).
+        `ended_ok`: an ended session too (a read); otherwise an ended one is a 409."""
         book = self._sessions()
         if env is not None and env.is_admin:
             found = book.store.session(session_id)
@@ -372,6 +377,15 @@ class ProxyServicer(
             raise PermissionDenied(
                 "a session key may act only on its own session", code="forbidden_session"
             )
+        if ended_ok:
+            # SessionBook.authorize without its refusal of an ended session: the same 404
+            # and 401.
+            found = book.store.session(session_id)
+            if found is None:
+                raise book.missing(session_id)
+            if not key_matches(key, found.key_hash):
+                raise Unauthenticated("invalid session key", code="invalid_session_key")
+            return found
         return book.authorize(session_id, key, for_turn=for_turn)
 
     async def _rpc(self, rpc: str, context: Any, action: Callable[[], Any]) -> Any:
@@ -420,6 +434,18 @@ class ProxyServicer(
             return proxy_pb2.SetRewardResponse(interaction_id=iid, reward=request.reward)
 
         return await self._rpc("SetReward", context, act)
+
+    async def GetSession(self, request: Any, context: Any) -> proxy_pb2.GetSessionResponse:
+        def act() -> proxy_pb2.GetSessionResponse:
+            if not request.session_id:
+                raise InvalidRequest("session_id is required", param="session_id")
+            env = request.envelope if request.HasField("envelope") else None
+            # A read: an ended session keeps its status (a trainer looks after it ended).
+            session = self._acting_on(env, request.session_id, for_turn=False, ended_ok=True)
+            status = self._sessions().status(session)
+            return proxy_pb2.GetSessionResponse(status=orjson.dumps(status))
+
+        return await self._rpc("GetSession", context, act)
 
     async def ExportTrajectories(self, request: Any, context: Any) -> None:  # type: ignore[override]
         try:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+import orjson
 
 from areal_gateway.clients.common import (
     ROUTER_TIMEOUT,
@@ -461,6 +462,17 @@ class ProxyClient:
 
     async def set_reward(self, request: proxy_pb2.SetRewardRequest) -> proxy_pb2.SetRewardResponse:
         return await self._call(self._stub.SetReward, request)
+
+    async def session_status(self, request: proxy_pb2.GetSessionRequest) -> dict[str, Any]:
+        """A session's status, as the JSON object the proxy made (`GetSession`)."""
+        out = await self._call(self._stub.GetSession, request)
+        try:
+            status = orjson.loads(out.status)
+        except orjson.JSONDecodeError:
+            status = None
+        if not isinstance(status, dict):
+            raise UpstreamError(f"proxy {self.address} sent a session status that is no object")
+        return status
 
     async def export(
         self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None

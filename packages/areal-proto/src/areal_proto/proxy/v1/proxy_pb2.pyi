@@ -225,6 +225,53 @@ class SetRewardResponse(_message.Message):
 Global___SetRewardResponse: _TypeAlias = SetRewardResponse  # noqa: Y015
 
 @_typing.final
+class GetSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def envelope(self) -> _envelope_pb2.Envelope:
+        """Who asks: the admin key reads any session, a session key only its own."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        envelope: _envelope_pb2.Envelope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionRequest: _TypeAlias = GetSessionRequest  # noqa: Y015
+
+@_typing.final
+class GetSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    status: _builtins.bytes
+    """The status as a JSON object (its fields: docs/services.md, "Gateway RL API"), so that
+    what it shows can grow without a change to this contract.
+    """
+    def __init__(
+        self,
+        *,
+        status: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionResponse: _TypeAlias = GetSessionResponse  # noqa: Y015
+
+@_typing.final
 class ExportTrajectoriesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -77,6 +77,11 @@ class InferenceProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
                 _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/areal.proxy.v1.InferenceProxyService/GetSession',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
         self.ExportTrajectories = channel.unary_stream(
                 '/areal.proxy.v1.InferenceProxyService/ExportTrajectories',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ExportTrajectoriesRequest.SerializeToString,
@@ -175,6 +180,14 @@ class InferenceProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSession(self, request, context):
+        """A session's status: its turns, and how their chat prompts were built (continued from
+        the previous turn's, or in full and why). Read-only: an ended session stays readable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportTrajectories(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -261,6 +274,11 @@ def add_InferenceProxyServiceServicer_to_server(servicer, server):
                     servicer.SetReward,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionResponse.SerializeToString,
             ),
             'ExportTrajectories': grpc.unary_stream_rpc_method_handler(
                     servicer.ExportTrajectories,
@@ -511,6 +529,33 @@ class InferenceProxyService:
             '/areal.proxy.v1.InferenceProxyService/SetReward',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.SetRewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.InferenceProxyService/GetSession',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

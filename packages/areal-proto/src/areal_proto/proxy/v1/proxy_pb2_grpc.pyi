@@ -69,6 +69,10 @@ class InferenceProxyServiceStub:
     """RL sessions, rewards and trajectories."""
     EndSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]
     SetReward: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]
+    GetSession: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.GetSessionRequest, _proxy_pb2.GetSessionResponse]
+    """A session's status: its turns, and how their chat prompts were built (continued from
+    the previous turn's, or in full and why). Read-only: an ended session stays readable.
+    """
     ExportTrajectories: _grpc.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]
     AckExport: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.AckExportRequest, _proxy_pb2.AckExportResponse]
     """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
@@ -115,6 +119,10 @@ class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
     """RL sessions, rewards and trajectories."""
     EndSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]  # type: ignore[assignment]
     SetReward: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SetRewardRequest, _proxy_pb2.SetRewardResponse]  # type: ignore[assignment]
+    GetSession: _aio.UnaryUnaryMultiCallable[_proxy_pb2.GetSessionRequest, _proxy_pb2.GetSessionResponse]  # type: ignore[assignment]
+    """A session's status: its turns, and how their chat prompts were built (continued from
+    the previous turn's, or in full and why). Read-only: an ended session stays readable.
+    """
     ExportTrajectories: _aio.UnaryStreamMultiCallable[_proxy_pb2.ExportTrajectoriesRequest, _proxy_pb2.ExportChunk]  # type: ignore[assignment]
     AckExport: _aio.UnaryUnaryMultiCallable[_proxy_pb2.AckExportRequest, _proxy_pb2.AckExportResponse]  # type: ignore[assignment]
     """Removal in two steps, so that no row is lost (docs/services.md, "Gateway RL API"): an
@@ -206,6 +214,16 @@ class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _proxy_pb2.SetRewardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_proxy_pb2.SetRewardResponse, _abc.Awaitable[_proxy_pb2.SetRewardResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSession(
+        self,
+        request: _proxy_pb2.GetSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.GetSessionResponse, _abc.Awaitable[_proxy_pb2.GetSessionResponse]]:
+        """A session's status: its turns, and how their chat prompts were built (continued from
+        the previous turn's, or in full and why). Read-only: an ended session stays readable.
+        """
 
     @_abc_1.abstractmethod
     def ExportTrajectories(
