@@ -23,10 +23,15 @@ try:
     import orjson
 
     dumps = orjson.dumps
+    # A long session's request carries hundreds of thousands of ids: the stdlib parser took
+    # ~20 ms for 340k of them, orjson ~2 ms (a real engine's cost is its own business here).
+    loads = orjson.loads
 except ImportError:  # pragma: no cover
 
     def dumps(o):  # type: ignore[misc]
         return json.dumps(o).encode()
+
+    loads = json.loads
 
 
 class _Engine(asyncio.Protocol):
@@ -35,9 +40,10 @@ class _Engine(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.t = transport
-        self.buf = b""
+        self.buf = bytearray()
 
     def data_received(self, data):
+        # A bytearray grows in place: `bytes +=` copied a 2 MB body once per 64 kB read.
         self.buf += data
         while True:
             head_end = self.buf.find(b"\r\n\r\n")
@@ -53,8 +59,8 @@ class _Engine(asyncio.Protocol):
                     length = int(v)
             if len(self.buf) < head_end + 4 + length:
                 return
-            body = self.buf[head_end + 4 : head_end + 4 + length]
-            self.buf = self.buf[head_end + 4 + length :]
+            body = bytes(self.buf[head_end + 4 : head_end + 4 + length])
+            del self.buf[: head_end + 4 + length]
             self.handle(method, path, body)
 
     def reply(self, status, body, ctype=b"application/json"):
@@ -79,7 +85,7 @@ class _Engine(asyncio.Protocol):
             return self.reply(b"200 OK", b'{"status":"ok"}')
         if path != "/generate":
             return self.reply(b"404 Not Found", b'{"error":"not found"}')
-        req = json.loads(body)
+        req = loads(body)
         ids = req.get("input_ids") or [0]
         n = min(int(req.get("sampling_params", {}).get("max_new_tokens", self.tokens)), self.tokens)
         tok = ids[-1]

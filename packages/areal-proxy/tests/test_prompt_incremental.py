@@ -124,7 +124,7 @@ def _check_json(built) -> None:
         assert orjson.loads(built.ids_json) == built.ids
     state = built.state
     if state is not None and state.json:
-        assert orjson.loads(b"[" + state.json + b"]") == state.ids[: state.kept]
+        assert orjson.loads(b"[" + bytes(state.kept_json()) + b"]") == state.ids[: state.kept]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -228,7 +228,7 @@ def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
         state = sp.after_answer(built.state, output)
         assert state is not None
         assert state.text == tok.decode(state.ids, skip_special_tokens=False)
-        assert orjson.loads(b"[" + state.json + b"]") == state.ids
+        assert orjson.loads(b"[" + bytes(state.kept_json()) + b"]") == state.ids
         msgs = [*msgs, answer]
         covered = len(msgs)
 

@@ -69,7 +69,8 @@ def _payload(req: GenerationRequest, stream: bool) -> bytes:
     if req.input_ids_json is not None:
         # The ids encoded once per session turn's new part (prompt/incremental.py), spliced
         # in: `body` always has keys, so its encoding starts `{"`.
-        return b'{"input_ids":' + req.input_ids_json + b"," + orjson.dumps(body)[1:]
+        rest = orjson.dumps(body)
+        return b"".join((b'{"input_ids":', req.input_ids_json, b",", memoryview(rest)[1:]))
     body["input_ids"] = req.input_ids
     return orjson.dumps(body)
 

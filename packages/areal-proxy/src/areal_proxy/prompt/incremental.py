@@ -24,7 +24,7 @@ session's status:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -119,7 +119,8 @@ class SessionPrompts:
         if text is None:
             return None
         ids = state.ids + self.interned(output_ids)
-        return PromptState(state.text + text, ids, json=_joined(state.json, output_ids))
+        encoded = _array(state.kept_json(), output_ids) if state.json else b""
+        return PromptState(state.text + text, ids, json=encoded, json_end=len(encoded) - 1)
 
     # ---- hf --------------------------------------------------------------------------
 
@@ -145,21 +146,20 @@ class SessionPrompts:
     @staticmethod
     def _encoded(built: Built, prev: PromptState) -> Built:
         """`built` (which continues `prev`'s kept ids) with its ids' JSON, and its state's."""
-        if prev.kept and not prev.json:
+        if not prev.json:
             return built  # nothing kept to start from: the engine client encodes the ids
         new = built.ids[prev.kept :]
-        built.ids_json = b"[" + _joined(prev.json, new) + b"]"
+        head = prev.kept_json()
+        built.ids_json = encoded = _array(head, new)
         state = built.state
         if state is not None:
-            kept = state.kept
-            part = new if kept == len(built.ids) else built.ids[prev.kept : kept]
-            built.state = PromptState(
-                state.text,
-                state.ids,
-                state.cut_chars,
-                state.cut_tokens,
-                json=_joined(prev.json, part),
-            )
+            extra = state.kept - prev.kept  # ids of `new` the next prompt takes over too
+            if extra == len(new):
+                end = len(encoded) - 1
+            else:
+                part = orjson.dumps(new[:extra])[1:-1] if extra else b""
+                end = 1 + len(head) + (1 if len(head) and part else 0) + len(part)
+            built.state = replace(state, json=encoded, json_end=end)
         return built
 
     def _continue_hf(self, prev: PromptState, rendered: str, limit: int) -> Built | None:
@@ -201,8 +201,9 @@ class SessionPrompts:
         if any(ids[i] != t for i, (_, t) in zip(at, found, strict=True)):
             return PromptState("", ids)
         chars = tuple(p for p, _ in found)
-        kept_json = orjson.dumps(ids[: at[-1]])[1:-1]
-        return PromptState(rendered[: chars[-1]], ids, chars, tuple(at), kept_json)
+        encoded = orjson.dumps(ids)
+        end = len(orjson.dumps(ids[: at[-1]])) - 1
+        return PromptState(rendered[: chars[-1]], ids, chars, tuple(at), encoded, end)
 
     # ---- concat ----------------------------------------------------------------------
 
@@ -248,7 +249,8 @@ class SessionPrompts:
 
     def _concat_state(self, ids: list[int]) -> PromptState:
         text = self.tok.decode(ids, skip_special_tokens=False)
-        return PromptState(text, ids, json=orjson.dumps(ids)[1:-1])
+        encoded = orjson.dumps(ids)
+        return PromptState(text, ids, json=encoded, json_end=len(encoded) - 1)
 
     def _decoded_after(self, before: list[int], new: list[int]) -> str | None:
         """The text `new` adds after `before` in decode(before + new), from a window of
@@ -263,9 +265,12 @@ class SessionPrompts:
         return whole[len(head) :]
 
 
-def _joined(head: bytes, ids: list[int]) -> bytes:
-    """The inside of a JSON array: `head` (an inside already), then `ids`."""
+def _array(head: memoryview, ids: list[int]) -> bytes:
+    """A JSON array of the ids `head` encodes (the inside of an array), then `ids`: one copy
+    of `head`, however long."""
     if not ids:
-        return head
-    tail = orjson.dumps(ids)[1:-1]
-    return head + b"," + tail if head else tail
+        return b"".join((b"[", head, b"]"))
+    tail = orjson.dumps(ids)
+    if not len(head):
+        return tail
+    return b"".join((b"[", head, b",", memoryview(tail)[1:]))

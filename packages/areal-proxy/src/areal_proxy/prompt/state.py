@@ -30,19 +30,25 @@ class PromptState:
     ids[:cut_tokens[i]] whatever follows it (prompt/cuts.py). `concat`: `ids` are the
     prompt + the answer, `text` their decoding (special tokens kept), and no cuts.
 
-    `json`: the ids a next prompt takes over (hf: up to the last cut; concat: all) encoded as
-    the inside of a JSON array, so its engine request encodes only what is new."""
+    `json`: a JSON array of the ids (the engine request of the prompt they came from), whose
+    `json[1:json_end]` encodes exactly those a next prompt takes over (hf: up to the last cut;
+    concat: all): a next engine request encodes only what is new, and copies the rest once."""
 
     text: str
     ids: list[int]
     cut_chars: tuple[int, ...] = ()
     cut_tokens: tuple[int, ...] = ()
     json: bytes = b""
+    json_end: int = 0
 
     @property
     def kept(self) -> int:
         """How many leading ids a next prompt takes over (what `json` encodes)."""
         return self.cut_tokens[-1] if self.cut_tokens else len(self.ids)
+
+    def kept_json(self) -> memoryview:
+        """The inside of a JSON array of the kept ids (no copy)."""
+        return memoryview(self.json)[1 : self.json_end]
 
     def nbytes(self) -> int:
         # The text, the list's pointers (its ints are shared: prompt/incremental.py), the JSON.
@@ -58,6 +64,9 @@ class CachedTurn:
     # The request body's size: a next body this much bigger or less is a continuation's.
     body_bytes: int
     nbytes: int = 0
+    # The lineage hash of the turn's conversation (its messages and answer): a next turn
+    # that repeats them exactly hashes only its new messages (recording/lineage.py).
+    conversation_hash: bytes = b""
 
 
 @dataclass(slots=True)

@@ -77,10 +77,21 @@ class Lineage:
 
     def add_after(
         self, interaction_id: str, messages_hash: bytes, response: dict[str, Any]
-    ) -> None:
+    ) -> bytes:
         """`add`, for messages whose hash `locate` gave: the answer is the only message
-        hashed again (a turn does not hash its whole conversation twice)."""
-        self._by_prefix[_chained(messages_hash, response)] = interaction_id
+        hashed again (a turn does not hash its whole conversation twice). Returns the
+        conversation's hash, from which `extend` goes on."""
+        key = _chained(messages_hash, response)
+        self._by_prefix[key] = interaction_id
+        return key
+
+    @staticmethod
+    def extend(conversation_hash: bytes, messages: list[dict[str, Any]]) -> bytes:
+        """The hash of a conversation whose hash is known, followed by `messages`."""
+        h = conversation_hash
+        for m in messages:
+            h = _chained(h, m)
+        return h
 
     def add(
         self, interaction_id: str, messages: list[dict[str, Any]], response: dict[str, Any]

@@ -220,9 +220,18 @@ class SessionBook:
             return Turn(session, None, 0)
         sid = session.session_id
         live = self._state(sid)
-        parent_id, covered, messages_hash = live.lineage.locate(messages)
+        latest = self.turns.latest(sid)
+        cached = _extended(latest, messages)
+        if cached is not None:
+            # The usual turn: its messages repeat the latest turn's conversation exactly, so
+            # only the new ones are hashed (the lineage would hash them all to find the same).
+            covered = len(cached.interaction.messages) + 1
+            parent_id: str | None = cached.interaction.interaction_id
+            messages_hash = Lineage.extend(cached.conversation_hash, messages[covered:])
+        else:
+            parent_id, covered, messages_hash = live.lineage.locate(messages)
+            cached = self.turns.get(sid, parent_id) if parent_id is not None else None
         prev = Previous(covered=covered)
-        cached = self.turns.get(sid, parent_id) if parent_id is not None else None
         if cached is not None:
             prev.parent, prev.parent_state = cached.interaction, cached.state
         elif parent_id is not None:
@@ -232,7 +241,6 @@ class SessionBook:
             prev.reason = "not_cached"
         elif live.next_seq > 0:
             prev.reason = "history_edited"
-        latest = self.turns.latest(sid)
         prev.latest_state = latest.state if latest is not None else None
         return Turn(session, prev.parent, covered, messages_hash, prev)
 
@@ -258,11 +266,10 @@ class SessionBook:
         # Only once it is committed: a failed insert (disk full) leaves the state as it was.
         live.next_seq += 1
         if isinstance(it.messages, list) and isinstance(it.response, dict):
-            if messages_hash:
-                live.lineage.add_after(it.interaction_id, messages_hash, it.response)
-            else:
-                live.lineage.add(it.interaction_id, it.messages, it.response)
-            self.turns.put(it.session_id, CachedTurn(it, state, body_bytes))
+            if not messages_hash:
+                messages_hash = Lineage.extend(b"", it.messages)
+            key = live.lineage.add_after(it.interaction_id, messages_hash, it.response)
+            self.turns.put(it.session_id, CachedTurn(it, state, body_bytes, conversation_hash=key))
         return it
 
     def status(self, session: Session) -> dict[str, Any]:
@@ -360,3 +367,16 @@ class SessionBook:
         self.turns.drop(ids)
         self.store.delete_sessions(ids)
         self._count_live()
+
+
+def _extended(latest: CachedTurn | None, messages: list[dict[str, Any]]) -> CachedTurn | None:
+    """`latest` when `messages` are its messages and answer exactly, then more; else None."""
+    if latest is None or not latest.conversation_hash:
+        return None
+    it = latest.interaction
+    if not isinstance(it.messages, list) or not isinstance(it.response, dict):
+        return None
+    n = len(it.messages)
+    if len(messages) <= n + 1 or messages[n] != it.response or messages[:n] != it.messages:
+        return None
+    return latest
