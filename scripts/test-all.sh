@@ -36,9 +36,13 @@ stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
 stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
 stage "unit tests" unit_tests
 # One engine at a time: the SGLang session engine and vLLM would share 2 cores and 6.5 GB.
-# The real model's suites (its engine, a fresh set-up, a 2-step GRPO smoke run) run in a
-# stage of their own, last.
-real_model_tests=(tests/e2e/test_real_model.py tests/e2e/test_real_model_agents.py tests/e2e/test_setup_model.py tests/train/test_smol_grpo.py)
+# The real model's suites (its engine, shared by the first three files; a fresh set-up; a
+# 2-step GRPO smoke run) run in a stage of their own, last.
+real_model_tests=(
+  tests/e2e/test_real_model.py tests/e2e/test_real_model_agents.py
+  tests/e2e/test_real_model_long_sessions.py tests/e2e/test_setup_model.py
+  tests/train/test_smol_grpo.py
+)
 # --durations: the slowest tests of each e2e stage, to keep the whole run under 45 minutes.
 stage "e2e tests (SGLang engine)" uv run --quiet pytest -q -p no:cacheprovider --durations=12 tests \
   --ignore=tests/e2e/test_vllm_engine.py --ignore=tests/cluster "${real_model_tests[@]/#/--ignore=}"
