@@ -44,13 +44,38 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# Entries of the sandbox's verdict cache: (type, attribute) pairs a template looks up. A
+# template names a handful; past this (names taken from data), verdicts are not kept.
+_VERDICTS = 4096
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with its verdict on an attribute kept per (type, name).
+
+    Whether an attribute is safe depends on the object's type and the name only (a private
+    or internal name, or a method that mutates a known mutable type), but jinja2 works it out
+    again for every access: `message.get(...)` once per message, a third of a long
+    conversation's rendering. The verdicts are the sandbox's own, computed once."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = super().is_safe_attribute(obj, attr, value)
+            if len(self._verdicts) < _VERDICTS:
+                self._verdicts[key] = verdict
+        return verdict
+
+
 class ChatTemplate:
     """One compiled template; render() is cheap and reads no file."""
 
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
