@@ -246,3 +246,35 @@ async def test_stream_and_choices_continue_too():
         assert h.server.store.prompt_paths(sid) == {"full": 1, "incremental": 3}
     finally:
         await h.close()
+
+
+async def test_answers_and_tool_calls_echoed_differently_answer_right():
+    h = await start(TurnEngine(ANSWER))
+    try:
+        sid, key = await _session(h)
+        _, msgs = await _turns(h, sid, key, 3)  # turn 3 carries a tool call and its result
+
+        async def send(messages):
+            await h.chat({"messages": messages, "max_tokens": 8}, api_key=key, session_id=sid)
+            assert h.engine.requests[-1].input_ids == _full(h, messages)
+
+        # The tool call echoed with another id: the lineage ignores call ids and the template
+        # does not render them, so the turn continues (and is right).
+        calls = [i for i, m in enumerate(msgs) if m.get("tool_calls")]
+        echoed = [dict(m) for m in msgs]
+        call = dict(echoed[calls[0]]["tool_calls"][0], id="call_other")
+        echoed[calls[0]] = {**echoed[calls[0]], "tool_calls": [call]}
+        await send([*echoed, _user(40)])
+        assert h.server.store.prompt_paths(sid)["incremental"] == 3
+        # Its arguments re-serialized (other spacing), and the last answer echoed with other
+        # text: the longest recorded conversation the messages still extend is an earlier
+        # turn's, whose prompt (still cached) they continue from; right, and not whole.
+        fn = dict(call["function"], arguments=call["function"]["arguments"].replace(" ", ""))
+        echoed[calls[0]] = {**echoed[calls[0]], "tool_calls": [dict(call, function=fn)]}
+        await send([*echoed, _user(41)])
+        await send([*msgs[:-1], {"role": "assistant", "content": "not what I said"}, _user(42)])
+        rows = h.server.store.interactions(sid)
+        assert [r.parent_id for r in rows[-2:]] == [rows[1].interaction_id] * 2
+        assert h.server.store.prompt_paths(sid) == {"full": 1, "incremental": 5}
+    finally:
+        await h.close()
