@@ -227,7 +227,8 @@ def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
         parent = _answered(built.ids, output, msgs, answer)
         state = sp.after_answer(built.state, output)
         assert state is not None
-        assert state.text == tok.decode(state.ids, skip_special_tokens=False)
+        assert state.answer == output
+        assert state.text == tok.decode(state.ids + state.answer, skip_special_tokens=False)
         assert orjson.loads(b"[" + bytes(state.kept_json()) + b"]") == state.ids
         msgs = [*msgs, answer]
         covered = len(msgs)

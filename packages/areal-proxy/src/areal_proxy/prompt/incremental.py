@@ -118,9 +118,7 @@ class SessionPrompts:
         text = self._decoded_after(state.ids, output_ids)
         if text is None:
             return None
-        ids = state.ids + self.interned(output_ids)
-        encoded = _array(state.kept_json(), output_ids) if state.json else b""
-        return PromptState(state.text + text, ids, json=encoded, json_end=len(encoded) - 1)
+        return replace(state, text=state.text + text, answer=self.interned(output_ids))
 
     # ---- hf --------------------------------------------------------------------------
 
@@ -222,12 +220,14 @@ class SessionPrompts:
             return Built(ids, self._concat_state(ids), reason=prev.reason, tokenized=len(ids))
         if state is not None and rendered.startswith(state.text):
             new = self.tok.encode(rendered[len(state.text) :])
-            ids = state.ids + self.interned(new)
+            ids = state.ids + state.answer
+            reused = len(ids)
+            ids.extend(self.interned(new))
             if limit and len(ids) >= limit:
                 raise PromptTooLong(len(ids))
-            text = self._decoded_after(state.ids, new)
+            text = self._decoded_after(state.ids[-_DECODE_WINDOW:] + state.answer, new)
             keep = PromptState(state.text + text, ids) if text is not None else None
-            built = Built(ids, keep, incremental=True, reused=len(state.ids), tokenized=len(new))
+            built = Built(ids, keep, incremental=True, reused=reused, tokenized=len(new))
             return self._encoded(built, state)
         reason = "render_changed" if state is not None else (prev.reason or "not_cached")
         previous = [*parent.prompt_ids, *parent.output_ids]

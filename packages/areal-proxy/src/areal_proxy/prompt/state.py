@@ -28,7 +28,9 @@ class PromptState:
     `hf`: `ids` are the prompt's, `text` is the rendered prompt up to its last cut, and
     `cut_chars[i]` / `cut_tokens[i]` say that text[:cut_chars[i]] tokenizes to
     ids[:cut_tokens[i]] whatever follows it (prompt/cuts.py). `concat`: `ids` are the
-    prompt + the answer, `text` their decoding (special tokens kept), and no cuts.
+    prompt's and `answer` the answer's (kept apart: the next prompt copies both once, rather
+    than each turn copying its whole sequence twice), `text` their decoding (special tokens
+    kept), and no cuts.
 
     `json`: a JSON array of the ids (the engine request of the prompt they came from), whose
     `json[1:json_end]` encodes exactly those a next prompt takes over (hf: up to the last cut;
@@ -40,6 +42,7 @@ class PromptState:
     cut_tokens: tuple[int, ...] = ()
     json: bytes = b""
     json_end: int = 0
+    answer: list[int] = field(default_factory=list)
 
     @property
     def kept(self) -> int:
@@ -53,7 +56,10 @@ class PromptState:
     def nbytes(self) -> int:
         # The text, the list's pointers (its ints are shared: prompt/incremental.py), the JSON.
         return (
-            sys.getsizeof(self.text) + 8 * len(self.ids) + len(self.json) + 16 * len(self.cut_chars)
+            sys.getsizeof(self.text)
+            + 8 * (len(self.ids) + len(self.answer))
+            + len(self.json)
+            + 16 * len(self.cut_chars)
         )
 
 
