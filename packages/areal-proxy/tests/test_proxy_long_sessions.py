@@ -275,6 +275,12 @@ async def test_answers_and_tool_calls_echoed_differently_answer_right():
         await send([*msgs[:-1], {"role": "assistant", "content": "not what I said"}, _user(42)])
         rows = h.server.store.interactions(sid)
         assert [r.parent_id for r in rows[-2:]] == [rows[1].interaction_id] * 2
-        assert h.server.store.prompt_paths(sid) == {"full": 1, "incremental": 5}
+        # The first of these continued turn 2's cached prompt; by the second, turn 2 was four
+        # turns back, past the few a session keeps cached: the full path, and still right.
+        assert h.server.store.prompt_paths(sid) == {
+            "full": 1,
+            "incremental": 4,
+            "full:not_cached": 1,
+        }
     finally:
         await h.close()

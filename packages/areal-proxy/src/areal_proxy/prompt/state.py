@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from areal_proxy.recording.model import Interaction
 
-# Cached turns kept per session: its latest turn, and a few siblings for harnesses that run
-# turns of one session side by side (parallel tool calls) or retry one.
-TURNS_PER_SESSION = 4
+# Cached turns kept per session: its latest turn, and a couple of siblings for harnesses
+# that run turns of one session side by side (parallel tool calls) or retry one.
+TURNS_PER_SESSION = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from areal_proxy.prompt.incremental import Previous
 from areal_proxy.prompt.state import CachedTurn, PromptState, TurnCache
@@ -225,9 +225,13 @@ class SessionBook:
         if cached is not None:
             # The usual turn: its messages repeat the latest turn's conversation exactly, so
             # only the new ones are hashed (the lineage would hash them all to find the same).
-            covered = len(cached.interaction.messages) + 1
-            parent_id: str | None = cached.interaction.interaction_id
+            it = cached.interaction
+            covered = len(it.messages) + 1
+            parent_id: str | None = it.interaction_id
             messages_hash = Lineage.extend(cached.conversation_hash, messages[covered:])
+            # The repeated messages are equal to the cached ones: keep one copy of them in
+            # memory (a long conversation's text is most of a cached turn's size).
+            messages[:covered] = [*it.messages, cast(dict[str, Any], it.response)]
         else:
             parent_id, covered, messages_hash = live.lineage.locate(messages)
             cached = self.turns.get(sid, parent_id) if parent_id is not None else None
