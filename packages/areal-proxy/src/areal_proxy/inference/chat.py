@@ -12,7 +12,7 @@ import orjson
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
 from areal_proxy.generation import GenerationRecord
-from areal_proxy.inference.choices import all_of, merged
+from areal_proxy.inference.choices import all_of
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
 from areal_proxy.openai_request import ChatRequest
 from areal_proxy.output_parsing import (
@@ -99,26 +99,14 @@ async def stream(
 ) -> AsyncGenerator[bytes, None]:
     req, p = await core.prepare_chat(body, env, out.response_id("chatcmpl"))
     created = int(time.time())
-    try:
-        streams = [
-            _choice_stream(core, req, p, rec, p.turn_of(i), created, i)
-            for i, (rec, _) in enumerate(p.recs)
-        ]
-        async with aclosing(merged(streams)) as chunks:
-            async for chunk in chunks:
-                yield chunk
-        if req.include_usage:
-            yield orjson.dumps(
-                out.usage_chunk(
-                    rid=p.rid,
-                    created=created,
-                    model=core.config.model,
-                    obj="chat.completion.chunk",
-                    usage_=usage(p.recs),
-                )
-            )
-    finally:
-        core.finish(p)
+    streams = [
+        _choice_stream(core, req, p, rec, p.turn_of(i), created, i)
+        for i, (rec, _) in enumerate(p.recs)
+    ]
+    obj = "chat.completion.chunk"
+    async with aclosing(core.stream_choices(p, streams, created, obj, req.include_usage)) as s:
+        async for chunk in s:
+            yield chunk
 
 
 async def _choice_stream(

@@ -22,6 +22,7 @@ from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateErro
 from areal_proxy.engine.base import GenerationRequest
 from areal_proxy.forced_tools import forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
+from areal_proxy.inference.choices import merged
 from areal_proxy.openai_request import (
     ChatRequest,
     CompletionRequest,
@@ -213,6 +214,33 @@ class InferenceCore:
     def finish(self, p: Prepared) -> None:
         for rec, _ in p.recs:
             self.controller.finish(rec)
+
+    async def stream_choices(
+        self,
+        p: Prepared,
+        streams: list[AsyncGenerator[bytes, None]],
+        created: int,
+        obj: str,
+        include_usage: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        """Every choice's chunks as they come, then the usage chunk when asked for; the
+        generations are finished however the stream ends."""
+        try:
+            async with aclosing(merged(streams)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            if include_usage:
+                yield orjson.dumps(
+                    out.usage_chunk(
+                        rid=p.rid,
+                        created=created,
+                        model=self.config.model,
+                        obj=obj,
+                        usage_=usage(p.recs),
+                    )
+                )
+        finally:
+            self.finish(p)
 
     async def _begin(
         self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str
