@@ -4,6 +4,12 @@
 
 It answers `GET /health` and `POST /generate` (SGLang's native shape, stream
 and not) instantly: every output token is the last prompt token, logprob 0.
+It also answers OpenAI's `POST /v1/chat/completions` (stream and not, `max_tokens`
+tokens of content, at most `--tokens`; the answers are made once per shape and
+kept as bytes), and what a router probes a SGLang worker with before it routes to
+it (`/health_generate`, `/v1/models` with the one model `--model-id`,
+`/server_info`, `/model_info` and their `get_` aliases, `/v1/loads`, `/metrics`):
+SMG (benchmarks/vs_smg.py) takes it as a worker.
 Streams are written in one go unless paced: `--token-interval-ms N` (or
 `POST /fake_config {"token_interval_ms": N}` at run time) sends one token every
 N ms, as a real engine decoding one token per step does.
@@ -56,9 +62,119 @@ def _request(body: bytes) -> tuple[dict, int, int]:
     return req, count, int(body[body.rfind(b",", start, end) + 1 : end])
 
 
+def _info(model: str) -> dict[bytes, tuple[bytes, bytes]]:
+    """GET answers a router probes a SGLang worker with (SMG's discovery and load polls)."""
+    j = b"application/json"
+    models = {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "sglang",
+                "root": model,
+                "max_model_len": 32768,
+            }
+        ],
+    }
+    model_info = {
+        "model_path": model,
+        "tokenizer_path": model,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "fake",
+        "architectures": ["FakeForCausalLM"],
+    }
+    server_info = {
+        "model_path": model,
+        "tokenizer_path": model,
+        "served_model_name": model,
+        "context_length": 32768,
+        "dp_size": 1,
+        "tp_size": 1,
+        "max_total_num_tokens": 1_000_000,
+        "version": "fake",
+        "internal_states": [{"last_gen_throughput": 0.0}],
+    }
+    loads = {
+        "timestamp": "",
+        "dp_rank_count": 1,
+        "loads": [
+            {
+                "dp_rank": 0,
+                "num_running_reqs": 0,
+                "num_waiting_reqs": 0,
+                "num_waiting_uncached_tokens": 0,
+                "num_total_reqs": 0,
+                "num_used_tokens": 0,
+                "max_total_num_tokens": 1_000_000,
+                "token_usage": 0.0,
+                "gen_throughput": 0.0,
+                "cache_hit_rate": 0.0,
+                "utilization": 0.0,
+                "max_running_requests": 0,
+            }
+        ],
+    }
+    out = {
+        b"/v1/models": (dumps(models), j),
+        b"/model_info": (dumps(model_info), j),
+        b"/get_model_info": (dumps(model_info), j),
+        b"/server_info": (dumps(server_info), j),
+        b"/get_server_info": (dumps(server_info), j),
+        b"/v1/loads": (dumps(loads), j),
+        b"/get_loads": (dumps(loads), j),
+        b"/loads": (dumps(loads), j),
+        b"/metrics": (b"", b"text/plain; version=0.0.4"),
+    }
+    return out
+
+
+def _chat(model: str, n: int, stream: bool, usage: bool) -> list[bytes]:
+    """A chat completion of n tokens of content (" hi" each): the body, or a stream's
+    events (one chunk a token, the chunk with finish_reason, the usage chunk if asked,
+    [DONE])."""
+    head = {"id": "chatcmpl-fake", "created": 0, "model": model}
+    use = {"prompt_tokens": 16, "completion_tokens": n, "total_tokens": 16 + n}
+    if not stream:
+        body = {
+            **head,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " hi" * n},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": use,
+        }
+        return [dumps(body)]
+    chunk = {**head, "object": "chat.completion.chunk"}
+    events = []
+    for i in range(n):
+        delta = {"role": "assistant", "content": " hi"} if i == 0 else {"content": " hi"}
+        ev = {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        events.append(b"data: " + dumps(ev) + b"\n\n")
+    end = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    events.append(b"data: " + dumps(end) + b"\n\n")
+    if usage:
+        events.append(b"data: " + dumps({**chunk, "choices": [], "usage": use}) + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
 class _Engine(asyncio.Protocol):
     tokens = 16
     interval_s = 0.0
+    model = "tiny-parrot"
+    info: dict[bytes, tuple[bytes, bytes]] = {}
+    chats: dict[tuple[int, bool, bool], list[bytes]] = {}
 
     def connection_made(self, transport):
         self.t = transport
@@ -105,6 +221,12 @@ class _Engine(asyncio.Protocol):
             return self.reply(b"200 OK", b'{"status":"ok"}')
         if path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache"):
             return self.reply(b"200 OK", b'{"status":"ok"}')
+        if path == "/v1/chat/completions":
+            return self.chat(body)
+        if method == "GET":
+            known = self.info.get(path.split("?", 1)[0].encode())
+            if known is not None:
+                return self.reply(b"200 OK", known[0], known[1])
         if path != "/generate":
             return self.reply(b"404 Not Found", b'{"error":"not found"}')
         req, n_prompt, tok = _request(body)
@@ -151,6 +273,28 @@ class _Engine(asyncio.Protocol):
         # then skipped its first token.
         self._paced(events, 0)
 
+    def chat(self, body):
+        req = loads(body)
+        want = req.get("max_tokens") or req.get("max_completion_tokens") or self.tokens
+        n = max(1, min(int(want), self.tokens))
+        stream = bool(req.get("stream"))
+        usage = stream and bool((req.get("stream_options") or {}).get("include_usage"))
+        key = (n, stream, usage)
+        events = self.chats.get(key)
+        if events is None:
+            events = self.chats[key] = _chat(self.model, n, stream, usage)
+        if not stream:
+            return self.reply(b"200 OK", events[0])
+        self.t.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        if not self.interval_s:
+            for data in events:
+                self._chunk(data)
+            self.t.write(b"0\r\n\r\n")
+            return
+        self._paced(events, 0)
+
     def _paced(self, events, i):
         if self.t.is_closing():
             return
@@ -176,9 +320,12 @@ async def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--token-interval-ms", type=float, default=0.0)
+    ap.add_argument("--model-id", default="tiny-parrot", help="the model /v1/models lists")
     ap.add_argument("--ready-file", default="")
     args = ap.parse_args()
     _Engine.tokens = args.tokens
+    _Engine.model = args.model_id
+    _Engine.info = _info(args.model_id)
     _Engine.interval_s = args.token_interval_ms / 1000
     server = await asyncio.get_running_loop().create_server(_Engine, args.host, args.port)
     port = server.sockets[0].getsockname()[1]
