@@ -201,7 +201,7 @@ def _table_params(section: str) -> set[str]:
 
 
 def test_openai_api_doc_lists_exactly_what_the_proxy_honours():
-    from areal_proxy import openai_request as oa
+    from areal_runtime.openai import fields as oa
 
     assert _table_params("Chat completions") == oa.CHAT_FIELDS
     assert _table_params("Completions") == oa.COMPLETION_FIELDS

@@ -2,8 +2,8 @@
 gateway -> router -> the real data proxy -> the shared SGLang engine (parrot model).
 
 Every body is answered or refused with a 4xx, never a 5xx (nothing here is an outage: one
-healthy replica, an idle engine), and a malformed one gets the same status and param with
-the admin key (recorded nowhere) as with a session key (recorded: lineage, chat template,
+healthy replica, an idle engine), and a malformed one gets the same status and error
+(message, type, code, param) with the admin key (recorded nowhere) as with a session key (recorded: lineage, chat template,
 SQLite). A tool message with `"tool_calls": 5` was a 500 for the session key and a 400 for
 the admin key.
 
@@ -97,14 +97,16 @@ def keys(stack) -> dict[str, str]:
     return {"admin": ADMIN_KEY, "session": r.json()["sessions"][0]["session_api_key"]}
 
 
-def _outcome(c: httpx.Client, path: str, key: str, body: Any) -> tuple[int, str | None]:
+def _outcome(c: httpx.Client, path: str, key: str, body: Any) -> tuple[int, Any]:
+    """(status, the whole OpenAI error object) of a refused body, (status, None) otherwise:
+    one parser (areal_runtime.openai) answers at either hop, so the words agree too."""
     r = c.post(
         path,
         content=orjson.dumps(body),
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
     if r.status_code >= 400:
-        return r.status_code, r.json()["error"]["param"]
+        return r.status_code, r.json()["error"]
     if "text/event-stream" in r.headers.get("content-type", ""):
         # Checks run before the first chunk: a stream that started must not fail.
         assert '"error"' not in r.text, r.text
@@ -134,7 +136,5 @@ def test_a_tool_message_with_bad_tool_calls_is_a_400_for_both_keys(stack, keys) 
     }
     with httpx.Client(base_url=stack.gateway_url, timeout=60) as c:
         for key in keys.values():
-            assert _outcome(c, "/v1/chat/completions", key, body) == (
-                400,
-                "messages[1].tool_calls",
-            )
+            status, err = _outcome(c, "/v1/chat/completions", key, body)
+            assert (status, err["param"]) == (400, "messages[1].tool_calls")

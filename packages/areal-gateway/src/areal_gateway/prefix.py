@@ -2,7 +2,8 @@
 
 Requests that share a prompt prefix do best on the replica that already holds
 that prefix in its KV cache. The gateway does not tokenize, so prefixes are cut
-where the request itself has seams: after each chat message, or every
+where the request itself has seams: after each chat message (hashed in the form the
+proxy's lineage hashes it), or every
 `TEXT_STEP` characters / `IDS_STEP` token ids of a completion prompt. Each hash
 covers everything before its cut (chained), shortest first; the router keeps
 the longest one it has seen served.
@@ -15,9 +16,15 @@ from typing import Any
 
 import orjson
 
+from areal_runtime.openai.messages import prefix_hashes as message_prefixes
+
 MAX_PREFIXES = 32
 TEXT_STEP = 256
 IDS_STEP = 64
+
+
+def _ints(hashes: list[bytes]) -> list[int]:
+    return [int.from_bytes(h[:8], "little") for h in hashes]
 
 
 def _chain(parts: list[bytes]) -> list[int]:
@@ -32,13 +39,8 @@ def _chain(parts: list[bytes]) -> list[int]:
 def prefix_hashes(doc: dict[str, Any]) -> list[int]:
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return _chain(
-            [
-                orjson.dumps([m.get("role"), m.get("content")])
-                for m in messages
-                if isinstance(m, dict)
-            ]
-        )
+        # The proxy's lineage form of a message (areal_runtime.openai.messages).
+        return _ints(message_prefixes([m for m in messages if isinstance(m, dict)], MAX_PREFIXES))
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

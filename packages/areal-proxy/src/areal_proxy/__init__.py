@@ -1,3 +1,3 @@
 """areal-proxy."""
 
-__version__ = "0.2.4"
+__version__ = "0.2.5"

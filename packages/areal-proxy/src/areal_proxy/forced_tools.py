@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from areal_proxy.engine.base import JSON_MAX_WHITESPACE
-from areal_proxy.openai_request import Constraint, bad
+from areal_runtime.openai import Constraint, bad
 
 
 def _call_tag(prefix: str, name: str, args_key: str, schema: dict[str, Any], end: str) -> dict:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 import orjson
 
 from areal_proxy.chat_template import PromptBuilder, TemplateError
-from areal_proxy.openai_request import parse_chat, parse_completion
 from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
 from areal_runtime.errors import ServiceError
+from areal_runtime.openai import parse_chat, parse_completion
 
 # Below this the proxy's own path is cheap enough (milliseconds): no hop to the child.
 SCREEN_MIN_BODY = 256 * 1024

@@ -68,7 +68,9 @@ class SessionKeys:
         return cls(secret) if secret else _PROCESS
 
     def _mac(self, body: str) -> str:
-        return _b64(hmac.new(self._key, body.encode("ascii"), hashlib.sha256).digest()[:MAC_BYTES])
+        # hmac.digest: OpenSSL's one-shot HMAC, a few times cheaper than an hmac.new object
+        # (the MAC is checked on every request a session key makes).
+        return _b64(hmac.digest(self._key, body.encode("ascii"), "sha256")[:MAC_BYTES])
 
     def mint(self, session_id: str) -> str:
         if not session_id or "." in session_id or not session_id.isascii():

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from areal_gateway.clients import ProxyClient
-from areal_gateway.openai.errors import bad_request
 from areal_gateway.openai.forward import Endpoint
+from areal_runtime.openai import prompt_of
 
 COMPLETIONS = Endpoint(
     label="completions",
@@ -18,9 +18,4 @@ COMPLETIONS = Endpoint(
 
 
 def check_completion(doc: dict[str, Any]) -> None:
-    if doc.get("prompt") is None:
-        raise bad_request(
-            "Missing required parameter: 'prompt'.",
-            code="missing_required_parameter",
-            param="prompt",
-        )
+    prompt_of(doc)

@@ -48,6 +48,7 @@ from areal_runtime.errors import (
     ServiceError,
     UpstreamError,
 )
+from areal_runtime.openai import load_body, read_head
 
 log = logging.getLogger(__name__)
 
@@ -113,33 +114,13 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
-    if not body:
-        raise bad_request("Request body is empty; expected a JSON object.", code="invalid_json")
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(doc, dict):
-        raise bad_request(
-            f"Request body must be a JSON object, not {type(doc).__name__}.", code="invalid_body"
-        )
-    return doc
+    """The body as a JSON object, or the protocol's 400 (areal_runtime.openai)."""
+    return load_body(body)
 
 
 def parse_model_and_stream(doc: dict[str, Any]) -> tuple[str, bool]:
-    model = doc.get("model")
-    if model is None:
-        raise bad_request(
-            "Missing required parameter: 'model'.", code="missing_required_parameter", param="model"
-        )
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' must be a non-empty string.", code="invalid_type", param="model")
-    stream = doc.get("stream")
-    if stream is None:
-        stream = False
-    elif not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean.", code="invalid_type", param="stream")
-    return model, stream
+    head = read_head(doc)
+    return head.model, head.stream
 
 
 def request_id(request: Request) -> str:

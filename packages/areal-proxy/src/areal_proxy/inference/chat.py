@@ -14,7 +14,6 @@ from areal_proxy import openai_response as out
 from areal_proxy.generation import GenerationRecord
 from areal_proxy.inference.choices import all_of
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
-from areal_proxy.openai_request import ChatRequest
 from areal_proxy.output_parsing import (
     collect_events,
     delta_dicts,
@@ -22,6 +21,7 @@ from areal_proxy.output_parsing import (
     make_output_parser,
 )
 from areal_proxy.recorder import OpenTurn
+from areal_runtime.openai import ChatRequest
 
 
 def _output_parser(core: InferenceCore, req: ChatRequest) -> Any | None:

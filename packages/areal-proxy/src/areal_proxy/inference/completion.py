@@ -13,8 +13,8 @@ from areal_proxy import openai_response as out
 from areal_proxy.generation import GenerationRecord
 from areal_proxy.inference.choices import all_of
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
-from areal_proxy.openai_request import CompletionRequest
 from areal_proxy.recorder import OpenTurn
+from areal_runtime.openai import CompletionRequest
 
 
 def _echo(core: InferenceCore, req: CompletionRequest, p: Prepared, i: int) -> str:

@@ -23,14 +23,6 @@ from areal_proxy.engine.base import GenerationRequest
 from areal_proxy.forced_tools import forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.inference.choices import merged
-from areal_proxy.openai_request import (
-    ChatRequest,
-    CompletionRequest,
-    Sampling,
-    bad,
-    parse_chat,
-    parse_completion,
-)
 from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.screen import CHAT as SCREEN_CHAT
@@ -40,6 +32,14 @@ from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime.errors import InvalidRequest
 from areal_runtime.offload import Offload, OffloadFailed
+from areal_runtime.openai import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    bad,
+    parse_chat,
+    parse_completion,
+)
 
 # max_tokens when neither the request nor the model says how long an answer may be.
 FALLBACK_MAX_TOKENS = 4096

@@ -8,49 +8,10 @@ message of the new request, whatever the session's length.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-import orjson
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(content)
-
-
-def canonical(message: dict[str, Any]) -> bytes:
-    """The parts of a message that identify it across turns.
-
-    Clients echo assistant messages back with small differences (call ids,
-    missing reasoning, content parts instead of a string); only the role,
-    the text and the tool calls' names and arguments count.
-    """
-    calls = [
-        (c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", ""))
-        for c in message.get("tool_calls") or []
-        if isinstance(c, dict)
-    ]
-    return orjson.dumps([message.get("role", ""), _text(message.get("content")), calls])
-
-
-def _chained(h: bytes, message: dict[str, Any]) -> bytes:
-    return hashlib.blake2b(h + canonical(message), digest_size=16).digest()
-
-
-def prefix_hashes(messages: list[dict[str, Any]]) -> list[bytes]:
-    """h[k] identifies messages[: k + 1]."""
-    out: list[bytes] = []
-    h = b""
-    for m in messages:
-        h = _chained(h, m)
-        out.append(h)
-    return out
+from areal_runtime.openai.messages import chained as _chained
+from areal_runtime.openai.messages import prefix_hashes
 
 
 class Lineage:
