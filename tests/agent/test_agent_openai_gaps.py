@@ -117,6 +117,8 @@ def _row(session_id: str, i: int) -> dict[str, Any]:
         "task_id": "t",
         "interaction_id": f"i{i}",
         "interaction_ids": [f"i{i}"],
+        "response_id": f"i{i}",
+        "choice_index": 0,
         "finish_reason": "stop",
     }
 

@@ -31,6 +31,8 @@ def row(i: int = 0, **over: Any) -> dict[str, Any]:
         "logprobs": [0.0, 0.0, -0.5, -0.25],
         "versions": [-1, -1, 3, 3],
         "interaction_ids": [f"chatcmpl-{i}"],
+        "response_id": f"chatcmpl-{i}",
+        "choice_index": 0,
     }
     out.update(over)
     return out

@@ -222,7 +222,7 @@ def test_session_status_errors(areal, gw) -> None:
 
 
 def test_export_by_group_returns_typed_rows(areal, gw) -> None:
-    extra = row(1, agent_session_id="agent-1")
+    extra = row(1, agent_session_id="agent-1", future_field={"kept": True})
     gw.on("POST", "/rl/export_trajectories", export_answer(row(0), extra))
     gw.on("POST", "/rl/ack_export", ack_answer(["sess-0", "sess-1"]))
     result = areal.export(group_id="group-1", style="concat", discount=0.9, remove_session=True)
@@ -249,7 +249,11 @@ def test_export_by_group_returns_typed_rows(areal, gw) -> None:
     assert first.logprobs == [0.0, 0.0, -0.5, -0.25] and first.versions == [-1, -1, 3, 3]
     assert first.output_versions == [3, 3]
     assert (first.session_id, first.interaction_id, first.reward) == ("sess-0", "chatcmpl-0", 0.0)
-    assert first.extra == {} and second.extra == {"agent_session_id": "agent-1"}
+    assert (first.response_id, first.choice_index, first.finish_reason) == ("chatcmpl-0", 0, "stop")
+    assert first.agent_session_id is None and "agent_session_id" not in first.to_dict()
+    assert second.agent_session_id == "agent-1"
+    assert first.extra == {} and second.extra == {"future_field": {"kept": True}}
+    assert first.to_dict() == row(0)
     assert second.to_dict() == extra  # round trip, unknown fields kept
 
 
@@ -291,6 +295,10 @@ def test_bad_export_arguments_are_refused(areal, gw, kwargs, match) -> None:
         (row(0, reward=True), "'reward' should be int or float"),
         (row(0, input_ids="1,2,3"), "'input_ids' should be list"),
         (row(0, session_id=7), "'session_id' should be str"),
+        ({k: v for k, v in row(0).items() if k != "response_id"}, "missing field 'response_id'"),
+        (row(0, choice_index=True), "'choice_index' should be int"),
+        (row(0, finish_reason=None), "'finish_reason' should be str"),
+        (row(0, agent_session_id=None), "'agent_session_id' should be str"),
         ([1, 2], "expected a JSON object"),
     ],
 )

@@ -41,6 +41,8 @@ ROW = {
     "logprobs": [0.0, -0.1, -0.2],
     "versions": [-1, 0, 0],
     "interaction_ids": ["chatcmpl-1"],
+    "response_id": "chatcmpl-1",
+    "choice_index": 0,
     "future_field": {"kept": True},
 }
 

@@ -151,16 +151,21 @@ _ROW_FIELDS = (
     "task_id",
     "interaction_id",
     "interaction_ids",
+    "response_id",
+    "choice_index",
     "finish_reason",
 )
+# Present in agent mode only (absent, never null, elsewhere).
+_OPTIONAL_ROW_FIELDS = ("agent_session_id",)
 
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One exported row (docs/services.md, "Exported row"); token lists are aligned.
+    """One exported row; token lists are aligned. Its fields are those of the canonical
+    schema, proto/rl_row.schema.json (docs/services.md, "Exported row").
 
-    `extra` keeps any field this version does not know (e.g. `agent_session_id` from an
-    agent service), so `to_dict()` gives back the row exactly as the gateway sent it.
+    `extra` keeps any field this version does not know, so `to_dict()` gives back the row
+    exactly as the gateway sent it.
     """
 
     input_ids: list[int]
@@ -173,12 +178,16 @@ class Trajectory:
     task_id: str
     interaction_id: str
     interaction_ids: list[str]
+    response_id: str
+    choice_index: int
     finish_reason: str
+    agent_session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: Any, index: int = 0) -> Trajectory:
         w = f"export row {index}"
+        known = (*_ROW_FIELDS, *_OPTIONAL_ROW_FIELDS)
         row = cls(
             input_ids=_items(doc, "input_ids", w),
             loss_mask=_items(doc, "loss_mask", w),
@@ -190,8 +199,13 @@ class Trajectory:
             task_id=_get(doc, "task_id", str, w),
             interaction_id=_get(doc, "interaction_id", str, w),
             interaction_ids=_items(doc, "interaction_ids", w),
-            finish_reason=str(doc.get("finish_reason") or ""),
-            extra={k: v for k, v in doc.items() if k not in _ROW_FIELDS},
+            response_id=_get(doc, "response_id", str, w),
+            choice_index=_get(doc, "choice_index", int, w),
+            finish_reason=_get(doc, "finish_reason", str, w),
+            agent_session_id=(
+                _get(doc, "agent_session_id", str, w) if "agent_session_id" in doc else None
+            ),
+            extra={k: v for k, v in doc.items() if k not in known},
         )
         n = len(row.input_ids)
         if not len(row.loss_mask) == len(row.logprobs) == len(row.versions) == n:
@@ -208,6 +222,8 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in _ROW_FIELDS}
+        if self.agent_session_id is not None:
+            out["agent_session_id"] = self.agent_session_id
         out.update(self.extra)
         return out
 

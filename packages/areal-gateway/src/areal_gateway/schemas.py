@@ -16,6 +16,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 MAX_GROUP_SIZE = 1024
@@ -260,21 +261,62 @@ class ExportRequest(_Request):
     )
 
 
-class TrajectoryRow(BaseModel):
-    """One exported row; the proxy makes it (areal_proxy.recording.export)."""
+def _no_default(schema: dict[str, Any]) -> None:
+    # An optional key is absent, never null: the document shows no `"default": null`.
+    schema.pop("default", None)
 
-    model_config = ConfigDict(extra="allow")
-    input_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    reward: float
-    session_id: str
-    group_id: str
-    task_id: str
-    interaction_id: str
-    interaction_ids: list[str]
-    finish_reason: str | None = None
+
+class TrajectoryRow(_Response):
+    """One exported row, as the proxy makes it (areal_proxy.recording.export).
+
+    The canonical schema is proto/rl_row.schema.json; tests/test_rl_row_schema.py holds this
+    model (fields, types, required-ness, descriptions) to it.
+    """
+
+    input_ids: list[int] = Field(
+        description="The row's token ids: the prompt, then the output (its stop token included)."
+    )
+    loss_mask: list[int] = Field(
+        description="Per token: 1 on generated (trainable) tokens, 0 on prompt tokens and on "
+        "template text between the turns of a concat row."
+    )
+    logprobs: list[float] = Field(
+        description="Per token: the engine's logprob of a generated token; 0.0 where "
+        "loss_mask is 0."
+    )
+    versions: list[int] = Field(
+        description="Per token: the weight version that generated it; -1 where loss_mask is 0."
+    )
+    reward: float = Field(
+        description="The reward after discount (r_i += discount * r_{i+1} over the session's "
+        "turns); an unrewarded turn counts as 0."
+    )
+    session_id: str = Field(description="The RL session the row was recorded on.")
+    group_id: str = Field(description="The session's group (a GRPO group).")
+    task_id: str = Field(description="The task the session's group was started for.")
+    interaction_id: str = Field(
+        description="The interaction the row ends with: a chat completion's or completion's "
+        "id, `<response id>-<index>` for a choice of an n > 1 request."
+    )
+    interaction_ids: list[str] = Field(
+        description="The interactions whose outputs the row trains, in order: the one "
+        "interaction (style individual) or the chain of turns (style concat)."
+    )
+    response_id: str = Field(
+        description="The OpenAI response the interaction is a choice of (the interaction id "
+        "itself for a request with one choice)."
+    )
+    choice_index: int = Field(
+        description="Which choice of that response the interaction is, from 0."
+    )
+    finish_reason: str = Field(
+        description="Why the interaction's generation stopped: stop, length, tool_calls, ..."
+    )
+    agent_session_id: str | SkipJsonSchema[None] = Field(
+        None,
+        description="Agent mode only: the agent session the row was exported for.",
+        json_schema_extra=_no_default,
+    )
 
 
 class ExportResult(_Response):
