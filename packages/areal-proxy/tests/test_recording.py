@@ -240,6 +240,51 @@ async def test_live_state_is_bounded_and_reloads(book):
     assert it.seq == 1, "turn numbers continue after the session was evicted and reloaded"
 
 
+async def test_a_known_sessions_turn_begins_from_memory_as_from_sqlite(book):
+    """`begin_known` (the event loop's path for a small turn) gives what authorize +
+    begin_turn give, reads no SQLite, and gives up (None) wherever they would read it."""
+    (sid, key), (other, okey) = _start(book, 2)
+    msgs = [{"role": "user", "content": "q"}]
+    assert book.begin_known(sid, key, msgs) is None  # never read: not known
+    s = book.authorize(sid, key, for_turn=True)
+    book.begin_turn(s, msgs)
+    await book.record(_new(sid, 0, [1], [2], msgs=msgs))
+    reads = []
+    session, interaction = book.store.session, book.store.interaction
+    book.store.session = lambda *a: reads.append(a) or session(*a)
+    book.store.interaction = lambda *a: reads.append(a) or interaction(*a)
+    nxt = [*msgs, {"role": "assistant", "content": "a0"}, {"role": "user", "content": "r"}]
+    turn = book.begin_known(sid, key, [dict(m) for m in nxt])
+    assert turn is not None and reads == []
+    again = book.begin_turn(book.authorize(sid, key, for_turn=True), [dict(m) for m in nxt])
+    assert (turn.parent, turn.covered, turn.messages_hash) == (
+        again.parent,
+        again.covered,
+        again.messages_hash,
+    )
+    reads.clear()
+    with pytest.raises(ServiceError) as info:
+        book.begin_known(sid, okey, msgs)  # the wrong key: refused from memory too
+    assert info.value.http_status == 401
+    # A parent that is not cached would be read from SQLite: the thread's job.
+    book.turns.drop([sid])
+    assert book.begin_known(sid, key, nxt) is None and reads == []
+    # Every write to the session's row is seen: a reward closes it, an end ends it.
+    assert book.begin_known(sid, key, msgs) is not None
+    book.set_reward(s, "", 1.0)
+    assert book.begin_known(sid, key, msgs) is None
+    with pytest.raises(ServiceError) as info:
+        book.authorize(sid, key, for_turn=True)
+    assert info.value.code == "session_finished"
+    book.authorize(other, okey, for_turn=True)
+    assert book.begin_known(other, okey, None) is not None
+    book.end([other])
+    assert book.begin_known(other, okey, None) is None
+    # ... and nothing runs here while another method holds the book.
+    with book._lock:
+        assert book.try_now(book.begin_known, other, okey, None) is None
+
+
 async def test_export_errors_and_repeatability(book):
     creds = _start(book, 2, group="grp")
     for sid, _ in creds:

@@ -243,11 +243,11 @@ class InferenceCore:
             self.finish(p)
 
     async def _begin(
-        self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str
+        self, env: Envelope | None, messages: list[dict[str, Any]] | None, rid: str, body: bytes
     ) -> OpenTurn | None:
         if self.recorder is None:
             return None
-        return await self.recorder.begin(env, messages, rid)
+        return await self.recorder.begin(env, messages, rid, len(body))
 
     # ---- chat prompts ------------------------------------------------------------------
 
@@ -310,7 +310,7 @@ class InferenceCore:
         rendered = None
         if len(body) > _INLINE_BODY_BYTES:
             rendered = await self._off_loop(True, self.chat_text, req)
-        ot = await self._begin(env, req.messages, rid)
+        ot = await self._begin(env, req.messages, rid, body)
         if ot is not None:
             ot.body_bytes = len(body)
         prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot, rendered)
@@ -358,7 +358,7 @@ class InferenceCore:
     ) -> tuple[CompletionRequest, Prepared]:
         await self._screened(SCREEN_COMPLETION, body, env)
         req = parse_completion(body, vocab_size=self.tok.vocab_size)
-        ot = await self._begin(env, None, rid)
+        ot = await self._begin(env, None, rid, body)
         heavy = _heavy(body, ot)
         param = _prompt_param(len(req.prompts))
         prompts = []

@@ -8,8 +8,15 @@ Every method is synchronous and touches SQLite; the proxy runs them through `cal
 one dedicated thread (`executor`), never on the event loop that serves streams, health and
 GetStats: a slow statement (a big row, a busy disk) then delays only other recording work.
 One thread also keeps the one connection's transactions in order (two threads interleaving
-BEGIN/COMMIT on a connection would mix their statements), and makes each method atomic with
-respect to the others, so a turn's seq assignment and insert need no lock.
+BEGIN/COMMIT on a connection would mix their statements), and each method holds the book's
+lock while it runs, so it is atomic with respect to the others and a turn's seq assignment
+and insert need nothing more.
+
+The one exception is `begin_known`, the start of a small turn of a session whose state is
+all in memory: `try_now` runs it on the caller's thread (the event loop) when the lock is
+free at once. It reads no SQLite, so it cannot wait for a disk, and it saves the two thread
+hops of `call` (about 0.1 ms of CPU per turn); anything it would have to read falls back to
+the thread.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import functools
 import logging
 import sqlite3
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -98,13 +106,31 @@ class SessionBook:
         # Sessions not ended, for GetStats: kept here so a stats poll reads no SQLite (it
         # must answer at once, whatever the recording thread is doing).
         self.live_sessions = store.live_session_count()
+        # Held by whatever runs a method: the recording thread, or `try_now`.
+        self._lock = threading.Lock()
 
     async def call(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
         """`fn(*args, **kwargs)` on the recording thread (inline when there is none)."""
         if self.executor is None:
             return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(
+            self.executor, functools.partial(self._locked, fn, *args, **kwargs)
+        )
+
+    def _locked(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    def try_now(self, fn: Callable[..., _T | None], /, *args: Any) -> _T | None:
+        """`fn(*args)` here and now if no other method is running (None if one is): for `fn`
+        that read no SQLite and return None where they would have to (`begin_known`)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return fn(*args)
+        finally:
+            self._lock.release()
 
     def _count_live(self) -> None:
         self.live_sessions = self.store.live_session_count()
@@ -176,6 +202,12 @@ class SessionBook:
         s = self.store.session(session_id)
         if s is None:
             raise self.missing(session_id)
+        # Its next turn checks the key without reading the row again (`begin_known`).
+        self.store.remember(s)
+        return self._check(s, key, for_turn=for_turn)
+
+    def _check(self, s: Session, key: str, *, for_turn: bool) -> Session:
+        session_id = s.session_id
         if not key_matches(key, s.key_hash):
             raise Unauthenticated("invalid session key", code="invalid_session_key")
         if s.ended_at is not None:
@@ -215,7 +247,27 @@ class SessionBook:
             self._live.popitem(last=False)
         return live
 
+    def begin_known(
+        self, session_id: str, key: str, messages: list[dict[str, Any]] | None
+    ) -> Turn | None:
+        """`authorize` and `begin_turn` from memory alone: None where they would read SQLite
+        (a session not remembered or not live, a parent not cached), before changing
+        anything. Raises what `authorize` raises."""
+        s = self.store.known_session(session_id)
+        if s is None or (messages and session_id not in self._live):
+            return None
+        return self._begin_turn(self._check(s, key, for_turn=True), messages, known_only=True)
+
     def begin_turn(self, session: Session, messages: list[dict[str, Any]] | None) -> Turn:
+        turn = self._begin_turn(session, messages, known_only=False)
+        assert turn is not None
+        return turn
+
+    def _begin_turn(
+        self, session: Session, messages: list[dict[str, Any]] | None, *, known_only: bool
+    ) -> Turn | None:
+        """The turn `messages` start; with `known_only`, None where its parent would have to
+        be read from SQLite (the session is live: `begin_known`)."""
         if not messages:
             return Turn(session, None, 0)
         sid = session.session_id
@@ -235,6 +287,8 @@ class SessionBook:
         else:
             parent_id, covered, messages_hash = live.lineage.locate(messages)
             cached = self.turns.get(sid, parent_id) if parent_id is not None else None
+            if known_only and cached is None and parent_id is not None:
+                return None
         prev = Previous(covered=covered)
         if cached is not None:
             prev.parent, prev.parent_state = cached.interaction, cached.state

@@ -290,6 +290,11 @@ def sharing(
     return tokens, min(msgs, n_conv)
 
 
+# Sessions `remember` keeps at most (all are forgotten at once past it: a cache of facts
+# that each first turn after reads again).
+_KNOWN_MAX = 100_000
+
+
 class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -307,6 +312,26 @@ class Store:
         self._db.executescript(_INDEXES)
         if self.path != ":memory:":
             Path(self.path).chmod(0o600)
+        # Sessions as a read left them (`remember`), for the key check of a session's next
+        # turn without a query (`known_session`). Every write to a session's row here drops
+        # its entry or updates it as the row changed.
+        self._known: dict[str, Session] = {}
+
+    def remember(self, s: Session) -> None:
+        """Keep `s`, just read from its row, for `known_session`."""
+        if len(self._known) >= _KNOWN_MAX:
+            self._known.clear()
+        self._known[s.session_id] = s
+
+    def known_session(self, session_id: str) -> Session | None:
+        """The session as `remember` kept it and the writes since left it, or None (not
+        kept: read it with `session`). No query."""
+        return self._known.get(session_id)
+
+    def _forget(self, session_ids: Iterable[str]) -> None:
+        known = self._known
+        for sid in session_ids:
+            known.pop(sid, None)
 
     def close(self) -> None:
         self._db.close()
@@ -329,6 +354,7 @@ class Store:
             )
             for s in sessions
         ]
+        self._forget(r[0] for r in rows)
         with self._tx():
             self._db.executemany(
                 f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
@@ -349,6 +375,8 @@ class Store:
 
     def end_sessions(self, session_ids: Iterable[str], at: float | None = None) -> int:
         at = time.time() if at is None else at
+        session_ids = list(session_ids)
+        self._forget(session_ids)
         with self._tx():
             cur = self._db.executemany(
                 "UPDATE sessions SET ended_at = ? WHERE session_id = ? AND ended_at IS NULL",
@@ -389,6 +417,7 @@ class Store:
         ]
 
     def delete_sessions(self, session_ids: list[str]) -> None:
+        self._forget(session_ids)
         with self._tx():
             self._db.executemany(
                 "DELETE FROM interactions WHERE session_id = ?", [(s,) for s in session_ids]
@@ -440,6 +469,9 @@ class Store:
                 "WHERE session_id = ?",
                 (it.finished_at, it.session_id),
             )
+        if (s := self._known.get(it.session_id)) is not None:
+            s.n_interactions += 1
+            s.last_active_at = it.finished_at
 
     def interactions(self, session_id: str) -> list[Interaction]:
         rows = self._db.execute(
@@ -510,6 +542,7 @@ class Store:
         only_unrewarded: bool = False,
     ) -> bool:
         unrewarded = " AND reward IS NULL" if only_unrewarded else ""
+        self._forget((session_id,))
         with self._tx():
             cur = self._db.execute(
                 "UPDATE interactions SET reward = ? WHERE interaction_id = ? AND session_id = ?"
