@@ -285,6 +285,49 @@ async def test_a_known_sessions_turn_begins_from_memory_as_from_sqlite(book):
         assert book.try_now(book.begin_known, other, okey, None) is None
 
 
+async def test_small_commits_run_inline_checkpoint_on_the_thread_and_pause_when_slow(tmp_path):
+    """A live session's commit runs on the caller's thread when the book is free; SQLite
+    checkpoints only on the recording thread; a slow inline write sends writes to the
+    thread for a while."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from areal_proxy.recording import sessions as sessions_mod
+    from areal_proxy.recording import store as store_mod
+
+    with ThreadPoolExecutor(1) as ex:
+        book = SessionBook(Store(tmp_path / "r.db"), executor=ex)
+        [(sid, key)] = _start(book)
+        book.begin_turn(book.authorize(sid, key, for_turn=True), [{"role": "user", "content": "q"}])
+        where = []
+        record = book.record_now
+
+        def spy(it):
+            where.append(sessions_mod.threading.current_thread().name)
+            return record(it)
+
+        here = sessions_mod.threading.current_thread().name
+        assert book.try_write_now(sid, spy, _new(sid, 0, [1], [2])).seq == 0
+        assert book.try_write_now("sess-not-live", spy, _new(sid, 0, [1], [2])) is None
+        with book._lock:
+            assert book.try_write_now(sid, spy, _new(sid, 0, [1], [2])) is None
+        assert where == [here]
+        # Checkpoints: never at an inline commit, on the thread once due.
+        checkpoints = []
+        checkpoint = book.store.checkpoint
+        book.store.checkpoint = lambda: (
+            checkpoints.append(sessions_mod.threading.current_thread().name) or checkpoint()
+        )
+        book.store._wal_pages = store_mod._CHECKPOINT_PAGES
+        assert book.try_write_now(sid, spy, _new(sid, 0, [1], [2])) is not None
+        await book.call(lambda: None)  # after the thread's queued checkpoint
+        assert checkpoints and here not in checkpoints and not book.store.checkpoint_due
+        # A slow inline write: the next ones go to the thread.
+        slow = sessions_mod._SLOW_WRITE_S
+        assert book.try_write_now(sid, lambda: time.sleep(slow * 2) or 1) == 1
+        assert book.try_write_now(sid, spy, _new(sid, 0, [1], [2])) is None
+        assert [it.seq for it in book.store.interactions(sid)] == [0, 1]
+
+
 async def test_export_errors_and_repeatability(book):
     creds = _start(book, 2, group="grp")
     for sid, _ in creds:

@@ -12,11 +12,16 @@ BEGIN/COMMIT on a connection would mix their statements), and each method holds 
 lock while it runs, so it is atomic with respect to the others and a turn's seq assignment
 and insert need nothing more.
 
-The one exception is `begin_known`, the start of a small turn of a session whose state is
-all in memory: `try_now` runs it on the caller's thread (the event loop) when the lock is
-free at once. It reads no SQLite, so it cannot wait for a disk, and it saves the two thread
-hops of `call` (about 0.1 ms of CPU per turn); anything it would have to read falls back to
-the thread.
+Two exceptions run on the caller's thread (the event loop) when the lock is free at once,
+each saving the two thread hops of `call` (about 0.1 ms of CPU per turn):
+- `begin_known` (`try_now`), the start of a small turn of a session whose state is all in
+  memory. It reads no SQLite, so it cannot wait for a disk; anything it would have to read
+  falls back to the thread.
+- the commit of a small turn (`try_write_now`): an insert of a few kB into the WAL, which
+  syncs nothing (synchronous=NORMAL) and never checkpoints (checkpoints run on the thread,
+  `Store.manual_checkpoints`). A write that still took long (a disk the kernel throttles)
+  sends every write to the thread for the next `_SLOW_WRITE_PAUSE_S`: a sick disk stalls the
+  loop once, not on every turn.
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ from areal_runtime.session_keys import key_hash, key_matches, new_id
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
+
+# An inline write (`try_write_now`) slower than this sends writes to the recording thread
+# for the next `_SLOW_WRITE_PAUSE_S`.
+_SLOW_WRITE_S = 0.005
+_SLOW_WRITE_PAUSE_S = 30.0
 
 
 @dataclass(slots=True)
@@ -108,6 +118,11 @@ class SessionBook:
         self.live_sessions = store.live_session_count()
         # Held by whatever runs a method: the recording thread, or `try_now`.
         self._lock = threading.Lock()
+        # With a recording thread, SQLite checkpoints there only (after its jobs), so that
+        # an inline commit never runs one; no write runs inline before this (monotonic).
+        self._inline_writes_from = 0.0
+        if executor is not None:
+            store.manual_checkpoints()
 
     async def call(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
         """`fn(*args, **kwargs)` on the recording thread (inline when there is none)."""
@@ -120,7 +135,48 @@ class SessionBook:
 
     def _locked(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
         with self._lock:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.store.checkpoint_due:
+                    self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        try:
+            self.store.checkpoint()
+        except sqlite3.Error as e:  # the next one tries again; the WAL only grows meanwhile
+            log.warning("WAL checkpoint failed: %r", e)
+
+    def try_write_now(self, session_id: str, fn: Callable[..., _T], /, *args: Any) -> _T | None:
+        """`try_now` for a method that writes a turn of a live session (a small turn's
+        commit: `record_now` then reads nothing); None, and nothing run, if another method
+        is running, the session is not live, or inline writes are paused after a slow one."""
+        if self.executor is None or time.monotonic() < self._inline_writes_from:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        if session_id not in self._live:
+            self._lock.release()
+            return None
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._lock.release()
+            took = time.perf_counter() - t0
+            if took > _SLOW_WRITE_S:
+                self._inline_writes_from = time.monotonic() + _SLOW_WRITE_PAUSE_S
+                log.warning(
+                    "a recording write took %.0f ms on the event loop: writes go to the "
+                    "recording thread for %gs",
+                    took * 1e3,
+                    _SLOW_WRITE_PAUSE_S,
+                )
+            if self.store.checkpoint_due:
+                try:  # the thread checkpoints after it runs this
+                    self.executor.submit(self._locked, _nothing)
+                except RuntimeError:  # shut down: the database closes soon
+                    pass
 
     def try_now(self, fn: Callable[..., _T | None], /, *args: Any) -> _T | None:
         """`fn(*args)` here and now if no other method is running (None if one is): for `fn`
@@ -425,6 +481,10 @@ class SessionBook:
         self.turns.drop(ids)
         self.store.delete_sessions(ids)
         self._count_live()
+
+
+def _nothing() -> None:
+    return None
 
 
 def _extended(latest: CachedTurn | None, messages: list[dict[str, Any]]) -> CachedTurn | None:

@@ -290,6 +290,9 @@ def sharing(
     return tokens, min(msgs, n_conv)
 
 
+# WAL pages between checkpoints when the owner runs them (`manual_checkpoints`): SQLite's
+# own default.
+_CHECKPOINT_PAGES = 1000
 # Sessions `remember` keeps at most (all are forgotten at once past it: a cache of facts
 # that each first turn after reads again).
 _KNOWN_MAX = 100_000
@@ -316,6 +319,24 @@ class Store:
         # turn without a query (`known_session`). Every write to a session's row here drops
         # its entry or updates it as the row changed.
         self._known: dict[str, Session] = {}
+        # WAL pages written since the last checkpoint, estimated (`manual_checkpoints`).
+        self._wal_pages = 0
+        self._manual_checkpoints = False
+
+    def manual_checkpoints(self) -> None:
+        """No checkpoint at commit: the owner runs `checkpoint` when `checkpoint_due` (off the
+        event loop: a checkpoint copies pages and syncs files, and a commit on the loop must
+        not start one). SQLite's own default is a checkpoint at a commit past 1000 pages."""
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
+        self._manual_checkpoints = True
+
+    @property
+    def checkpoint_due(self) -> bool:
+        return self._manual_checkpoints and self._wal_pages >= _CHECKPOINT_PAGES
+
+    def checkpoint(self) -> None:
+        self._wal_pages = 0
+        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def remember(self, s: Session) -> None:
         """Keep `s`, just read from its row, for `known_session`."""
@@ -460,7 +481,8 @@ class Store:
             it.prompt_path,
         )
         marks = ",".join("?" * len(row))
-        with self._tx():
+        nbytes = sum(len(v) for v in row if isinstance(v, bytes))
+        with self._tx(nbytes):
             self._db.execute(
                 f"INSERT INTO interactions ({_INTERACTION_COLS}) VALUES ({marks})", row
             )
@@ -571,7 +593,10 @@ class Store:
 
     # -- helpers ------------------------------------------------------------
 
-    def _tx(self) -> _Transaction:
+    def _tx(self, nbytes: int = 0) -> _Transaction:
+        # A transaction writes a few pages (the row's, the indexes', the session's) and its
+        # bytes: an estimate is enough to checkpoint about as often as SQLite would.
+        self._wal_pages += 4 + (nbytes >> 12)
         return _Transaction(self._db, self.path)
 
 
