@@ -67,8 +67,10 @@ class ProxyServer:
         )
         self.controller = GenerationController(self.engine)
         # Blocking work runs off the event loop that serves streams, health and GetStats:
-        # every SQLite statement on one recording thread (one connection, statements in
-        # order), templating and tokenizing on a small pool (tokenizers release the GIL).
+        # SQLite on one recording thread (one connection, statements in order; a small
+        # turn's commit runs on the loop when that thread is idle, under the same lock: a
+        # thread hop cost more than the write, recording/sessions.py), templating and
+        # tokenizing big prompts on a small pool (tokenizers release the GIL).
         self.db_executor = ThreadPoolExecutor(1, thread_name_prefix="areal-proxy-db")
         self.cpu_executor = ThreadPoolExecutor(
             min(4, os.cpu_count() or 1), thread_name_prefix="areal-proxy-cpu"
