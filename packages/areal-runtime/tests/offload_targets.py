@@ -16,6 +16,8 @@ def make(prefix: str) -> Callable[[bytes], bytes]:
             return str(os.nice(0)).encode()
         if data == b"env":
             return ",".join(sorted(k for k in os.environ if k.startswith("AREAL_"))).encode()
+        if data == b"allenv":
+            return ",".join(sorted(os.environ)).encode()
         if data == b"print":
             print("a stray line")  # must not corrupt the frames
             return b"printed"

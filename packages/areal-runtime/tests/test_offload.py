@@ -53,12 +53,19 @@ async def test_calls_go_through_the_child_in_order_and_big_frames_arrive_whole()
 
 
 async def test_the_child_gets_no_secrets(monkeypatch: pytest.MonkeyPatch):
+    # An allow-list: the gateway's session-key signing secret reached the body screen (which
+    # parses untrusted bodies) under the old deny-list, and any secret named later would.
     monkeypatch.setenv("AREAL_INTERNAL_TOKEN", "t0ken")
     monkeypatch.setenv("AREAL_ADMIN_API_KEY", "k3y")
+    monkeypatch.setenv("AREAL_SESSION_KEY_SECRET", "s1gning-secret-0123456789abcdef")
     monkeypatch.setenv("AREAL_SERVICE", "svc")
+    monkeypatch.setenv("SOME_FUTURE_TOKEN", "x")
     off = Offload("offload_targets:make", {"prefix": ""}, name="test")
     try:
-        assert await off.call(b"env") == b"AREAL_SERVICE"
+        assert await off.call(b"env") == b""
+        got = set((await off.call(b"allenv")).decode().split(","))
+        assert "SOME_FUTURE_TOKEN" not in got
+        assert "PYTHONPATH" in got  # what Python needs still gets there
     finally:
         await off.close()
 

@@ -44,8 +44,44 @@ _SLICE = 256 * 1024
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
 _OK, _FAILED = 0, 1
-# Environment the child does not need: the secrets of the service that starts it.
-_SECRET_ENV = ("AREAL_INTERNAL_TOKEN", "AREAL_ADMIN_API_KEY", "AREAL_TLS_KEY")
+# The only environment a child gets: what Python, the tokenizers library and a locale need.
+# An allow-list, never a deny-list: a child parses untrusted bodies, and a secret added to
+# the service's environment later (a signing key, a token) must not reach it by default.
+_CHILD_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LANG",
+        "LANGUAGE",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONHASHSEED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "PYTHONMALLOC",
+        "VIRTUAL_ENV",
+        "TOKENIZERS_PARALLELISM",
+        "RAYON_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MALLOC_ARENA_MAX",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+    }
+)
+
+
+def child_env(parent: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: the allow-listed names of `parent` (os.environ)."""
+    env = os.environ if parent is None else parent
+    return {k: v for k, v in env.items() if k in _CHILD_ENV}
+
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -82,7 +118,7 @@ class Offload:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def _start(self) -> asyncio.subprocess.Process:
-        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+        env = child_env()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
