@@ -86,14 +86,21 @@ def _is_storage_full(exc: grpc.aio.AioRpcError) -> None:
     d = error_detail(exc)
     assert (d.http_status, d.code, d.type) == (507, "storage_full", "storage_error"), d
     assert "storage is full" in d.message
+    # Every caller gets this error, session-key holders included: no path of the machine.
+    assert "sqlite" not in d.message and "/" not in d.message, d.message
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-async def _export(h, group: str) -> list[dict]:
+async def _export(h, group: str, remove_session: bool = False, export_id: str = "") -> list[dict]:
     rows = []
     async for chunk in h.stub.ExportTrajectories(
         proxy_pb2.ExportTrajectoriesRequest(
-            group_id=group, style="individual", discount=1.0, envelope=ADMIN
+            group_id=group,
+            style="individual",
+            discount=1.0,
+            envelope=ADMIN,
+            remove_session=remove_session,
+            export_id=export_id,
         )
     ):
         rows.extend(orjson.loads(line) for line in chunk.jsonl.splitlines())
@@ -124,6 +131,12 @@ async def test_full_disk_is_507_nothing_lost_and_recovers(disk):
             await h.stub.SetReward(
                 proxy_pb2.SetRewardRequest(session_id=sid, reward=1.0, envelope=ADMIN)
             )
+        _is_storage_full(info.value)
+        # An export that claims its sessions (remove_session) writes its claim: the same
+        # 507 on a full disk, also as the proxy's first claim ever (the claims table is
+        # created then: it was a 500 internal_error until a claim had once succeeded).
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await _export(h, "g1", remove_session=True, export_id="exp-1")
         _is_storage_full(info.value)
         # Reading needs no space, and the proxy stays up.
         assert [r["interaction_id"] for r in await _export(h, "g1")] == [first["id"]]

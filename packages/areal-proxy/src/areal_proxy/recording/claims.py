@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
+from areal_proxy.recording.store import storage_error
 from areal_runtime.session_keys import key_matches
 
 _SCHEMA = """
@@ -57,7 +58,15 @@ class ExportClaims:
         # The store's own connection: one thread, one connection, statements in order.
         db = self.book.store._db
         if not self._ready:
-            db.executescript(_SCHEMA)
+            # Creating the table writes pages: on a full disk, the storage error every other
+            # write answers (507), not a 500.
+            try:
+                db.executescript(_SCHEMA)
+            except sqlite3.Error as e:
+                translated = storage_error(e, self.book.store.path)
+                if translated is e:
+                    raise
+                raise translated from e
             self._ready = True
         return db
 

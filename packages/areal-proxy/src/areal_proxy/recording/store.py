@@ -646,9 +646,18 @@ class _Transaction:
             raise exc
 
     def _translate(self, exc: BaseException) -> BaseException:
-        if _out_of_space(exc):
-            return StorageFull(
-                f"the proxy's session storage is full ({self._path}: {exc}); nothing was "
-                "written: free space and retry"
-            )
-        return exc
+        return storage_error(exc, self._path)
+
+
+def storage_error(exc: BaseException, path: str) -> BaseException:
+    """What a caller gets for `exc` raised writing the database at `path`: StorageFull for a
+    full disk, `exc` itself otherwise."""
+    if _out_of_space(exc):
+        # The path is for the operator's log only: the error goes to every caller,
+        # session-key holders included.
+        log.error("session storage full at %s: %s", path, exc)
+        return StorageFull(
+            "the proxy's session storage is full; nothing was written: free space on "
+            "the proxy's data volume and retry"
+        )
+    return exc
