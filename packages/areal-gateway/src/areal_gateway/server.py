@@ -54,8 +54,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_impl() -> str:
-    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+def http_impl(settings: Settings) -> str | type[asyncio.Protocol]:
+    """httptools with the slow- and idle-client limits (http_protocol.py). Without httptools,
+    uvicorn's h11 (no such limits: httptools is a declared dependency)."""
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from areal_gateway.http_protocol import guarded_protocol
+
+    return guarded_protocol(settings.request_read_timeout, settings.max_idle_connections_per_client)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -69,7 +75,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def make_server(settings: Settings, app: Any) -> uvicorn.Server:
     config = uvicorn.Config(
         GenerationFastPath(app),
-        http=http_impl(),
+        http=http_impl(settings),
         lifespan="on",
         log_config=None,
         access_log=False,
@@ -148,7 +154,7 @@ async def run(settings: Settings) -> int:
             settings.mode,
             settings.router_addr,
             mask(settings.admin_api_key),
-            http_impl(),
+            "httptools" if importlib.util.find_spec("httptools") else "h11",
         )
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait((stopper, serving), return_when=asyncio.FIRST_COMPLETED)

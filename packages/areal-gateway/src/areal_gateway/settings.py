@@ -52,6 +52,21 @@ class Settings:
     drain_timeout: float = field(
         default=10.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"}
     )
+    request_read_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds a connection has to send a whole request (head and body), from "
+            "when it opens or its previous response ends; then it is closed (408 if a request "
+            "had begun)"
+        },
+    )
+    max_idle_connections_per_client: int = field(
+        default=256,
+        metadata={
+            "help": "idle connections (no request in progress) one client address may hold; "
+            "past it the longest idle is closed"
+        },
+    )
     proxy_streams: bool = field(
         default=True,
         metadata={
@@ -100,6 +115,10 @@ def validate(settings: Settings) -> None:
         raise SettingsError("--request-timeout must be positive")
     if settings.drain_timeout < 0:
         raise SettingsError("--drain-timeout must not be negative")
+    if settings.request_read_timeout <= 0:
+        raise SettingsError("--request-read-timeout must be positive")
+    if settings.max_idle_connections_per_client < 1:
+        raise SettingsError("--max-idle-connections-per-client must be at least 1")
 
 
 def load_settings(argv: Sequence[str] | None = None) -> Settings:
