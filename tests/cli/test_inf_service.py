@@ -257,6 +257,28 @@ def test_session_key_survives_a_watchdog_restart_of_the_gateway(svc):
     assert all(secret not in p.read_text(errors="replace") for p in a.home.rglob("*.log"))
 
 
+def test_status_tells_when_the_watchdog_is_gone(svc):
+    """kill -9 of the watchdog's whole process group (the watchdog and its guard): nothing
+    supervises the service any more, and `status` says so in its header as in its table
+    (it used to print "watchdog  on" over a table saying dead)."""
+    a, _ = svc
+    doc = a("inf", "status", "--service", "default", "--json").json()
+    assert doc["supervision"]["enabled"] and doc["supervision"]["alive"] is True
+    dog = doc["components"]["watchdog"]
+    os.killpg(os.getpgid(dog["pid"]), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        doc = a("inf", "status", "--service", "default", "--json").json()
+        if not doc["supervision"]["alive"]:
+            break
+        time.sleep(0.2)
+    assert doc["supervision"]["alive"] is False
+    assert doc["components"]["watchdog"]["state"] != "running"
+    r = a("inf", "status", "--service", "default")
+    assert r.code == 0, r.err
+    assert "watchdog  dead" in r.out and "watchdog  on" not in r.out, r.out
+
+
 def test_stop_and_force_stop(svc):
     a, _ = svc
     r = a("inf", "stop", "--service", "default")

@@ -268,7 +268,7 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
         "scheduler": s.get("scheduler", "local"),
         "created_at": s.get("created_at"),
         "foreground": bool((s.get("owner") or {}).get("foreground")),
-        "supervision": s.get("supervision") or {"enabled": False},
+        "supervision": _supervision(s, described),
     }
     gw = dict(described.get("gateway") or {})
     gw["url"] = (s.get("gateway") or {}).get("url", "")
@@ -330,6 +330,16 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     return doc
 
 
+def _supervision(s: dict[str, Any], described: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The service's supervision settings and whether a watchdog process runs them: enabled
+    but with its watchdog (and the guard in its group) killed, nothing restarts anything."""
+    sup = dict(s.get("supervision") or {"enabled": False})
+    if sup.get("enabled"):
+        dogs = [c for c in described.values() if c.get("role") == "watchdog"]
+        sup["alive"] = any(c.get("alive") for c in dogs)
+    return sup
+
+
 def print_status(doc: dict[str, Any]) -> None:
     gw = doc["gateway"]
     print(f"service   {doc['service']} ({doc['group']}, scheduler {doc['scheduler']})")
@@ -345,7 +355,13 @@ def print_status(doc: dict[str, Any]) -> None:
         if cluster.get("error"):
             print(f"          not reachable: {cluster['error']}")
     sup = doc.get("supervision") or {}
-    if sup.get("enabled"):
+    if sup.get("enabled") and not sup.get("alive", True):
+        print(
+            "watchdog  dead (enabled, but no watchdog process runs: nothing restarts a failed "
+            f"component; `areal {doc['group']} run --service {doc['service']} --force ...` "
+            "starts the service again with one)"
+        )
+    elif sup.get("enabled"):
         print(
             f"watchdog  on (at most {sup.get('max_restarts')} restarts per "
             f"{sup.get('window', 0):g}s, backoff {sup.get('backoff_initial', 0):g}s"
