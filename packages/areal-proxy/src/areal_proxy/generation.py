@@ -54,6 +54,12 @@ class GenerationRecord:
     # session's prompt is mostly its previous one, whose encoding is kept): the engine
     # request then costs what is new, not the whole prompt's encoding.
     prompt_json: bytes | None = None
+    # Which replica generated which output tokens, as runs: (index of the run's first output
+    # token, proxy id), in order; "" is this proxy (its own engine). One run unless the
+    # request migrated to another replica.
+    replicas: list[tuple[int, str]] = field(default_factory=list)
+    # Replicas the request moved to after its engine was lost (migration).
+    migrations: int = 0
 
     @property
     def remaining(self) -> int:
@@ -65,6 +71,7 @@ class GenerationRecord:
         self.logprobs.clear()
         self.top_logprobs.clear()
         self.versions.clear()
+        self.replicas.clear()
         self.first_token_at = None
 
     def add(
@@ -73,11 +80,14 @@ class GenerationRecord:
         lps: list[float],
         tops: list[list[tuple[int, float]]],
         version: int,
+        replica: str = "",
     ) -> None:
         if not ids:
             return
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
+        if not self.replicas or self.replicas[-1][1] != replica:
+            self.replicas.append((len(self.token_ids), replica))
         self.token_ids.extend(ids)
         self.logprobs.extend(lps)
         self.top_logprobs.extend(tops)

@@ -47,12 +47,19 @@ def engine_constraint(constraint: tuple[str, str] | None) -> tuple[str, str] | N
 class EngineError(Exception):
     """The engine could not be reached or answered with an error."""
 
-    def __init__(self, message: str, *, status: int = 502, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, status: int = 502, retryable: bool = False, lost: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         # True only when nothing was generated (connection refused before the
         # request was accepted): generation is never retried blindly.
         self.retryable = retryable
+        # The engine died or became unreachable under the request (refused, reset, closed,
+        # a stream ended without a finish): not an answer of the engine about the request,
+        # which may therefore continue on another replica (migration). An engine's refusal
+        # of the request itself (a 4xx, a bad grammar) is never `lost`.
+        self.lost = lost
 
 
 @dataclass(slots=True)
@@ -97,6 +104,9 @@ class GenerationChunk:
     matched_stop: int | None = None
     prompt_tokens: int = 0
     weight_version: str = ""
+    # Who generated these tokens: "" for this proxy's own engine, else the proxy id of the
+    # replica a migrated request continues on.
+    replica: str = ""
 
 
 @dataclass(slots=True)
@@ -107,6 +117,7 @@ class GenerationResult:
     finish_reason: str
     prompt_tokens: int
     weight_version: str = ""
+    replica: str = ""
 
 
 class EngineClient(Protocol):
