@@ -37,6 +37,7 @@ INFERENCE_PROXY = {
     "Continue",
     "SetVersion",
     "UpdateWeights",
+    "ContinueGeneration",
 }
 AGENT_PROXY = {
     "CreateAgentSession",
@@ -81,7 +82,9 @@ def test_proxy_streaming_shapes():
         "CompletionStream",
         "Generate",
         "ExportTrajectories",
+        "ContinueGeneration",
     }
+    assert not inference.methods_by_name["ContinueGeneration"].client_streaming
     generate = inference.methods_by_name["Generate"]
     assert generate.client_streaming and generate.server_streaming
     assert {m.name for m in agent.methods if m.server_streaming} == {

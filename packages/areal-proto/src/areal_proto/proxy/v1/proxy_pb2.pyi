@@ -904,3 +904,153 @@ class GenerateResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateResult: _TypeAlias = GenerateResult  # noqa: Y015
+
+@_typing.final
+class ContinueGenerationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_IDS_FIELD_NUMBER: _builtins.int
+    MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    RID_FIELD_NUMBER: _builtins.int
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    max_new_tokens: _builtins.int
+    """What is left of the request's budget (the caller's max_new_tokens - tokens so far)."""
+    sampling: _builtins.bytes
+    """The engine request's sampling parameters as a JSON object (the fields of the proxy's
+    GenerationRequest other than the ids, budget and rid): the continuation must sample
+    as the original did, and JSON lets those fields grow without a contract change.
+    """
+    rid: _builtins.str
+    """The caller's request id, for this proxy's logs only (engine ids are its own)."""
+    deadline_unix_ms: _builtins.int
+    """When the caller's request must be done (unix ms; 0 = none): this proxy stops and
+    aborts its engine request by then, rather than generating for nobody.
+    """
+    top_logprobs: _builtins.int
+    """Top logprobs per token to return (0 = none): the caller's request asked for them."""
+    @_builtins.property
+    def input_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Prompt + the tokens generated so far: the engine continues after the last one, so
+        the caller's output goes on exactly where the dead engine stopped.
+        """
+
+    def __init__(
+        self,
+        *,
+        input_ids: _abc.Iterable[_builtins.int] | None = ...,
+        max_new_tokens: _builtins.int = ...,
+        sampling: _builtins.bytes = ...,
+        rid: _builtins.str = ...,
+        deadline_unix_ms: _builtins.int = ...,
+        top_logprobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix_ms", b"deadline_unix_ms", "input_ids", b"input_ids", "max_new_tokens", b"max_new_tokens", "rid", b"rid", "sampling", b"sampling", "top_logprobs", b"top_logprobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContinueGenerationRequest: _TypeAlias = ContinueGenerationRequest  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    """A token or top logprob alternative with its logprob."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    logprob: _builtins.float
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        logprob: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class TopLogprobs(_message.Message):
+    """The top alternatives at one output position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___TokenLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprobs: _TypeAlias = TopLogprobs  # noqa: Y015
+
+@_typing.final
+class ContinueGenerationStep(_message.Message):
+    """Tokens that arrived together from this proxy's engine."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    MATCHED_STOP_FIELD_NUMBER: _builtins.int
+    HAS_MATCHED_STOP_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The weight version these tokens were generated with (this proxy's), so the caller's
+    recording says which policy made each token.
+    """
+    finish_reason: _builtins.str
+    """Set on the last step only ("stop", "length", "abort")."""
+    matched_stop: _builtins.int
+    """The stop token that ended generation; has_matched_stop tells 0 from unset."""
+    has_matched_stop: _builtins.bool
+    replica: _builtins.str
+    """The proxy id of this proxy: the caller attributes the tokens to this replica."""
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """One per token: the caller records them as the tokens' behaviour logprobs."""
+
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprobs]:
+        """One per token when top_logprobs was asked for, else empty."""
+
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        top_logprobs: _abc.Iterable[Global___TopLogprobs] | None = ...,
+        version: _builtins.int = ...,
+        finish_reason: _builtins.str = ...,
+        matched_stop: _builtins.int = ...,
+        has_matched_stop: _builtins.bool = ...,
+        replica: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "has_matched_stop", b"has_matched_stop", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "replica", b"replica", "token_ids", b"token_ids", "top_logprobs", b"top_logprobs", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContinueGenerationStep: _TypeAlias = ContinueGenerationStep  # noqa: Y015

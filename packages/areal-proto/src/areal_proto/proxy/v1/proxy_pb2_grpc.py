@@ -112,6 +112,11 @@ class InferenceProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
                 _registered_method=True)
+        self.ContinueGeneration = channel.unary_stream(
+                '/areal.proxy.v1.InferenceProxyService/ContinueGeneration',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.FromString,
+                _registered_method=True)
 
 
 class InferenceProxyServiceServicer:
@@ -232,6 +237,19 @@ class InferenceProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ContinueGeneration(self, request, context):
+        """Migration (proxy to proxy, never the gateway): another replica's proxy, whose engine
+        died under a request, continues that request's generation on this proxy's engine.
+        Token ids in (prompt + what was generated so far), token steps out, through this
+        proxy's own generation loop (so its pause and weight-version rules hold). This proxy
+        records nothing: the caller owns the request and its recording. Refused with
+        `draining` while this proxy drains (the caller tries its next peer). Cancelling the
+        call aborts the engine request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +327,11 @@ def add_InferenceProxyServiceServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.SerializeToString,
+            ),
+            'ContinueGeneration': grpc.unary_stream_rpc_method_handler(
+                    servicer.ContinueGeneration,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -718,6 +741,33 @@ class InferenceProxyService:
             '/areal.proxy.v1.InferenceProxyService/UpdateWeights',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.UpdateWeightsRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ContinueGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/areal.proxy.v1.InferenceProxyService/ContinueGeneration',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.FromString,
             options,
             channel_credentials,
             insecure,

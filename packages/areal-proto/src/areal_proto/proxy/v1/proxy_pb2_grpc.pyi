@@ -88,6 +88,15 @@ class InferenceProxyServiceStub:
     Continue: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]
     SetVersion: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.SetVersionRequest, _proxy_pb2.ControlResponse]
     UpdateWeights: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]
+    ContinueGeneration: _grpc.UnaryStreamMultiCallable[_proxy_pb2.ContinueGenerationRequest, _proxy_pb2.ContinueGenerationStep]
+    """Migration (proxy to proxy, never the gateway): another replica's proxy, whose engine
+    died under a request, continues that request's generation on this proxy's engine.
+    Token ids in (prompt + what was generated so far), token steps out, through this
+    proxy's own generation loop (so its pause and weight-version rules hold). This proxy
+    records nothing: the caller owns the request and its recording. Refused with
+    `draining` while this proxy drains (the caller tries its next peer). Cancelling the
+    call aborts the engine request.
+    """
 
 @_typing.type_check_only
 class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
@@ -138,6 +147,15 @@ class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
     Continue: _aio.UnaryUnaryMultiCallable[_proxy_pb2.ContinueRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     SetVersion: _aio.UnaryUnaryMultiCallable[_proxy_pb2.SetVersionRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
     UpdateWeights: _aio.UnaryUnaryMultiCallable[_proxy_pb2.UpdateWeightsRequest, _proxy_pb2.ControlResponse]  # type: ignore[assignment]
+    ContinueGeneration: _aio.UnaryStreamMultiCallable[_proxy_pb2.ContinueGenerationRequest, _proxy_pb2.ContinueGenerationStep]  # type: ignore[assignment]
+    """Migration (proxy to proxy, never the gateway): another replica's proxy, whose engine
+    died under a request, continues that request's generation on this proxy's engine.
+    Token ids in (prompt + what was generated so far), token steps out, through this
+    proxy's own generation loop (so its pause and weight-version rules hold). This proxy
+    records nothing: the caller owns the request and its recording. Refused with
+    `draining` while this proxy drains (the caller tries its next peer). Cancelling the
+    call aborts the engine request.
+    """
 
 class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
     """Inference mode: generation in front of one engine replica, RL sessions
@@ -275,6 +293,21 @@ class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _proxy_pb2.UpdateWeightsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_proxy_pb2.ControlResponse, _abc.Awaitable[_proxy_pb2.ControlResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ContinueGeneration(
+        self,
+        request: _proxy_pb2.ContinueGenerationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_proxy_pb2.ContinueGenerationStep], _abc.AsyncIterator[_proxy_pb2.ContinueGenerationStep]]:
+        """Migration (proxy to proxy, never the gateway): another replica's proxy, whose engine
+        died under a request, continues that request's generation on this proxy's engine.
+        Token ids in (prompt + what was generated so far), token steps out, through this
+        proxy's own generation loop (so its pause and weight-version rules hold). This proxy
+        records nothing: the caller owns the request and its recording. Refused with
+        `draining` while this proxy drains (the caller tries its next peer). Cancelling the
+        call aborts the engine request.
+        """
 
 def add_InferenceProxyServiceServicer_to_server(servicer: InferenceProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
