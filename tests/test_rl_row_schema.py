@@ -36,10 +36,18 @@ SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 
-def _shape(prop: dict[str, Any]) -> tuple[str, str | None]:
-    """(type, item type) of one property's schema."""
+Shape = tuple[str, "Shape | tuple[Shape, ...] | None"]
+
+
+def _shape(prop: dict[str, Any]) -> Shape:
+    """(type, shape of the items) of one property's schema: a list's item shape, or the
+    shapes of a fixed-length tuple's items (prefixItems, exactly that many)."""
+    if "prefixItems" in prop:
+        n = len(prop["prefixItems"])
+        assert (prop.get("minItems"), prop.get("maxItems"), prop.get("items")) == (n, n, None)
+        return prop["type"], tuple(_shape(p) for p in prop["prefixItems"])
     items = prop.get("items")
-    return prop["type"], items["type"] if items is not None else None
+    return prop["type"], _shape(items) if items is not None else None
 
 
 CANONICAL = {name: _shape(p) for name, p in SCHEMA["properties"].items()}
@@ -90,8 +98,10 @@ def proxy_rows(style: str) -> list[dict[str, Any]]:
         _turn("chatcmpl-c-0", [1], [7], response_id="chatcmpl-c", reward=0.5),
         _turn("chatcmpl-c-1", [1], [8], response_id="chatcmpl-c", choice_index=1),
         _turn("cmpl-d", [9], [10, 11], finish_reason="length"),
+        # migrated mid-generation: p1's engine made one token, p2's the other
+        _turn("chatcmpl-e", [9], [12, 13], replicas=[(0, "p1"), (1, "p2")]),
     ]
-    return list(export.rows([(session, turns)], style, 0.9))
+    return list(export.rows([(session, turns)], style, 0.9, "p1"))
 
 
 ROWS = [*proxy_rows("individual"), *proxy_rows("concat")]
@@ -107,7 +117,8 @@ def test_proxy_rows_are_valid(row: dict[str, Any]) -> None:
 
 def test_proxy_rows_cover_the_schema_and_invalid_rows_are_refused() -> None:
     assert {k for r in ROWS for k in r} == REQUIRED
-    assert {r["choice_index"] for r in ROWS} == {0, 1} and len(ROWS) == 5 + 4
+    assert {r["choice_index"] for r in ROWS} == {0, 1} and len(ROWS) == 6 + 5
+    assert {len(r["replicas"]) for r in ROWS} == {1, 2}
     row = ROWS[0]
     for bad in (
         {**row, "surprise": 1},
@@ -115,6 +126,11 @@ def test_proxy_rows_cover_the_schema_and_invalid_rows_are_refused() -> None:
         {**row, "choice_index": "0"},
         {**row, "logprobs": ["x"]},
         {**row, "agent_session_id": None},
+        {**row, "replicas": [[2, "p1", 3]]},
+        {**row, "replicas": [[2]]},
+        {**row, "replicas": [["2", "p1"]]},
+        {**row, "replicas": [[2, None]]},
+        {**row, "replicas": [2, "p1"]},
     ):
         assert not VALIDATOR.is_valid(bad), bad
 
@@ -153,7 +169,8 @@ def test_gateway_openapi_documents_the_canonical_row(mode: str) -> None:
 
 def test_gateway_model_accepts_exactly_the_valid_rows() -> None:
     for row in ROWS + AGENT_ROWS:
-        assert TrajectoryRow.model_validate(row).model_dump(exclude_none=True) == row
+        dumped = TrajectoryRow.model_validate(row).model_dump(mode="json", exclude_none=True)
+        assert dumped == row
     with pytest.raises(ValueError, match="surprise"):
         TrajectoryRow.model_validate({**ROWS[0], "surprise": 1})
 
@@ -163,15 +180,25 @@ def test_gateway_model_accepts_exactly_the_valid_rows() -> None:
 _JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 
-def _json_shape(hint: Any) -> tuple[tuple[str, str | None], bool]:
-    """(type, item type) of a type hint, and whether it admits None."""
+def _json_shape(hint: Any) -> tuple[Shape, bool]:
+    """(type, shape of the items) of a type hint, and whether it admits None."""
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) and type(None) in args:
         [inner] = [a for a in args if a is not type(None)]
         return _json_shape(inner)[0], True
     if typing.get_origin(hint) is list:
-        return ("array", _JSON_TYPES[args[0]]), False
+        return ("array", _json_shape(args[0])[0]), False
+    if typing.get_origin(hint) is tuple:
+        assert ... not in args, hint
+        return ("array", tuple(_json_shape(a)[0] for a in args)), False
     return (_JSON_TYPES[hint], None), False
+
+
+def _as_json(value: Any) -> Any:
+    """A parsed field as JSON has it (a tuple is an array)."""
+    if isinstance(value, list | tuple):
+        return [_as_json(v) for v in value]
+    return value
 
 
 def test_client_type_has_the_canonical_fields_and_types() -> None:
@@ -190,7 +217,7 @@ def test_client_type_has_the_canonical_fields_and_types() -> None:
 def test_client_parses_a_valid_row_and_gives_it_back(row: dict[str, Any]) -> None:
     parsed = Trajectory.from_json(row)
     assert parsed.extra == {}
-    assert {k: getattr(parsed, k) for k in row} == row
+    assert {k: _as_json(getattr(parsed, k)) for k in row} == row
     assert parsed.to_dict() == row
     assert [e.message for e in VALIDATOR.iter_errors(parsed.to_dict())] == []
 

@@ -119,6 +119,7 @@ def _row(session_id: str, i: int) -> dict[str, Any]:
         "interaction_ids": [f"i{i}"],
         "response_id": f"i{i}",
         "choice_index": 0,
+        "replicas": [[1, "p0"]],
         "finish_reason": "stop",
     }
 

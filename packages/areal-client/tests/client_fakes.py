@@ -33,6 +33,7 @@ def row(i: int = 0, **over: Any) -> dict[str, Any]:
         "interaction_ids": [f"chatcmpl-{i}"],
         "response_id": f"chatcmpl-{i}",
         "choice_index": 0,
+        "replicas": [[2, "proxy-0"]],
     }
     out.update(over)
     return out

@@ -30,6 +30,9 @@ _KNOWN = {
     "required",
     "additionalProperties",
     "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
 }
 _TYPES: dict[str, Any] = {
     "object": lambda v: isinstance(v, dict),
@@ -63,9 +66,18 @@ def schema_errors(schema: dict[str, Any], value: Any, at: str = "$") -> list[str
                 errors += schema_errors(props[name], item, f"{at}.{name}")
             elif schema.get("additionalProperties", True) is False:
                 errors.append(f"{at}: unexpected {name!r}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            errors += schema_errors(schema["items"], item, f"{at}[{i}]")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{at}: {value!r:.60} is too short")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{at}: {value!r:.60} is too long")
+        # prefixItems: one schema per leading item; items: the rest.
+        prefix = schema.get("prefixItems", [])
+        for i, (sub, item) in enumerate(zip(prefix, value, strict=False)):
+            errors += schema_errors(sub, item, f"{at}[{i}]")
+        if "items" in schema:
+            for i, item in enumerate(value[len(prefix) :], start=len(prefix)):
+                errors += schema_errors(schema["items"], item, f"{at}[{i}]")
     return errors
 
 
@@ -83,6 +95,7 @@ def _valid_row(**over: Any) -> dict[str, Any]:
         "interaction_ids": ["i"],
         "response_id": "i",
         "choice_index": 0,
+        "replicas": [[1, "p0"]],
         "finish_reason": "stop",
     }
     row.update(over)
@@ -98,6 +111,12 @@ def _valid_row(**over: Any) -> dict[str, Any]:
         (_valid_row(versions=[-1, 0.5, 0]), "$.versions[1]: 0.5 is not of type integer"),
         (_valid_row(reward=None), "$.reward: None is not of type number"),
         (_valid_row(finish_reason=None), "is not of type string"),
+        ({k: v for k, v in _valid_row().items() if k != "replicas"}, "missing required"),
+        (_valid_row(replicas=[[1, "p0", 2]]), "$.replicas[0]: [1, 'p0', 2] is too long"),
+        (_valid_row(replicas=[[1]]), "$.replicas[0]: [1] is too short"),
+        (_valid_row(replicas=[["1", "p0"]]), "$.replicas[0][0]: '1' is not of type integer"),
+        (_valid_row(replicas=[[1, 0]]), "$.replicas[0][1]: 0 is not of type string"),
+        (_valid_row(replicas=[2]), "$.replicas[0]: 2 is not of type array"),
         (_valid_row(agent_session_id=7), "$.agent_session_id: 7 is not of type string"),
     ],
 )
@@ -147,5 +166,8 @@ async def test_every_exported_row_matches_the_canonical_schema() -> None:
         assert [rows[f"{many['id']}-{i}"]["choice_index"] for i in range(3)] == [0, 1, 2]
         assert rows[f"{many['id']}-1"]["reward"] == -1.0
         assert {r["response_id"] for r in rows.values()} == {chat["id"], text["id"], many["id"]}
+        # No --proxy-id: its own engine's tokens are "proxy"'s, one run from the first one.
+        for r in rows.values():
+            assert r["replicas"] == [[r["loss_mask"].index(1), "proxy"]], r
     finally:
         await h.close()

@@ -43,6 +43,7 @@ ROW = {
     "interaction_ids": ["chatcmpl-1"],
     "response_id": "chatcmpl-1",
     "choice_index": 0,
+    "replicas": [[1, "p0"]],
     "future_field": {"kept": True},
 }
 

@@ -67,6 +67,7 @@ async def test_a_turn_stores_what_is_new_and_reads_back_whole(template):
         FakeEngineClient([7, 8, EOS]),
         chat_template_type=template,
         set_reward_finish_timeout=3600.0,
+        proxy_id="p-rec",
     )
     try:
         turns = 40
@@ -79,6 +80,8 @@ async def test_a_turn_stores_what_is_new_and_reads_back_whole(template):
         # Read back whole and exactly: every row, and every parent lookup by id.
         rows = await _export(h, sid, "individual")
         assert [r["input_ids"] for r in rows] == [r.prompt_ids + r.token_ids for r in recs]
+        # One replica, this proxy, named: one pair at each row's first generated token.
+        assert [r["replicas"] for r in rows] == [[[len(x.prompt_ids), "p-rec"]] for x in recs]
         assert [r["logprobs"][len(x.prompt_ids) :] for r, x in zip(rows, recs, strict=True)] == [
             x.logprobs for x in recs
         ]
@@ -94,6 +97,7 @@ async def test_a_turn_stores_what_is_new_and_reads_back_whole(template):
             [row] = await _export(h, sid, "concat")
             assert row["input_ids"] == recs[-1].prompt_ids + recs[-1].token_ids
             assert len(row["interaction_ids"]) == turns
+            assert row["replicas"] == [[len(recs[0].prompt_ids), "p-rec"]]
         # A session evicted from memory reloads its lineage from the stored parts: the next
         # turn finds its parent (the last turn) again.
         book = h.server.book
@@ -149,12 +153,19 @@ def test_a_database_from_before_reads_and_takes_new_turns(tmp_path):
     store = Store(path)
     [old] = store.interactions("s1")
     assert (old.prompt_ids, old.output_ids, old.messages) == ([1, 2, 3], [4], msgs)
+    # No replicas recorded: all its tokens are the recording proxy's (one run in a row).
+    assert old.replicas == []
     conv = [*msgs, old.response, {"role": "user", "content": "more"}]
-    new = Interaction("i1", "s1", 1, conv, {}, [1, 2, 3, 4, 9], [5], [-0.1], [0], "stop", "i0")
+    new = Interaction("i1", "s1", 1, conv, {}, [1, 2, 3, 4, 9], [5, 6], [-0.1] * 2, [0, 0], "stop")
+    new.parent_id, new.replicas = "i0", [(0, "p-old"), (1, "p2")]
     new.shared_tokens, new.shared_messages = 4, 2
     store.add_interaction(new)
     assert store.interaction("i1").prompt_ids == [1, 2, 3, 4, 9]
     assert store.interaction("i1").messages == conv
+    assert store.interaction("i1").replicas == [(0, "p-old"), (1, "p2")]
+    book = SessionBook(store, proxy_id="p-old")
+    rows = list(book.export_rows([store.session("s1")], "individual", 1.0))
+    assert [r["replicas"] for r in rows] == [[[3, "p-old"]], [[5, "p-old"], [6, "p2"]]]
 
 
 def test_ended_exported_sessions_are_deleted_after_retention(tmp_path):

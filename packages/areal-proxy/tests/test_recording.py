@@ -66,6 +66,97 @@ def test_store_round_trip_keeps_exact_tokens_and_floats(tmp_path):
     assert oct(os.stat(tmp_path / "rec.db").st_mode & 0o777) == "0o600"
 
 
+def test_store_keeps_which_replica_made_which_tokens_per_interaction(tmp_path):
+    st = Store(tmp_path / "rec.db")
+    st.add_sessions([_session()])
+    # A migrated turn: p1 made 2 tokens, then p2 the rest; its child shares the parent's
+    # prompt + output (stored as shared tokens) but names only its own output's replica.
+    it = _it("s1", 0, [1, 2], [3, 4, 5, 6])
+    it.replicas = [(0, "p1"), (2, "p2")]
+    child = _it("s1", 1, [1, 2, 3, 4, 5, 6, 9], [7], parent="i0", inherited=6)
+    child.replicas = [(0, "p1")]
+    child.shared_tokens = 6
+    st.add_interaction(it)
+    st.add_interaction(child)
+    back = st.interactions("s1")
+    assert [b.replicas for b in back] == [[(0, "p1"), (2, "p2")], [(0, "p1")]]
+    assert back == [it, child]
+    assert st.interaction("i0").replicas == [(0, "p1"), (2, "p2")]
+    assert st.interaction("i1").replicas == [(0, "p1")]
+    assert st.interaction("i1").prompt_ids == [1, 2, 3, 4, 5, 6, 9]
+
+
+def _migrated(sid, seq, prompt, output, runs, **kw):
+    it = _it(sid, seq, prompt, output, **kw)
+    it.replicas = runs
+    return it
+
+
+def test_individual_rows_say_which_replica_made_which_token():
+    turns = [
+        _migrated("s1", 0, [1, 2, 3], [4, 5, 6, 7], [(0, "p1"), (1, "p2"), (3, "p3")], reward=1.0),
+        # recorded before migration existed: all by the recording proxy
+        _it("s1", 1, [1], [2, 3]),
+        # a run that made no token (p2 answered only the finish) is no run of the row
+        _migrated("s1", 2, [1], [2, 3], [(0, "p1"), (2, "p2")]),
+    ]
+    rows = list(individual_rows(_session(), turns, 0.5, "p1"))
+    assert [r["replicas"] for r in rows] == [
+        [[3, "p1"], [4, "p2"], [6, "p3"]],
+        [[1, "p1"]],
+        [[1, "p1"]],
+    ]
+    # Each pair starts at a generated position; rewards and masks are as without replicas.
+    row = rows[0]
+    assert all(row["loss_mask"][i] == 1 for i, _ in row["replicas"])
+    assert row["loss_mask"] == [0, 0, 0, 1, 1, 1, 1]
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 0.0]
+
+
+def test_concat_rows_shift_each_turns_replicas_to_its_output():
+    t0 = _migrated("s1", 0, [1, 2], [3, 4], [(0, "p1"), (1, "p2")])
+    # goes on on p2 (its first run is p2's: one run across the template text between them)
+    t1 = _migrated(
+        "s1", 1, [1, 2, 3, 4, 9], [5, 6], [(0, "p2"), (1, "p1")], parent="i0", inherited=4
+    )
+    t2 = _it("s1", 2, [1, 2, 3, 4, 9, 5, 6, 9], [7], parent="i1", inherited=7, reward=1.0)
+    [row] = concat_rows(_session(), [t0, t1, t2], 0.5, "p9")
+    assert row["loss_mask"] == [0, 0, 1, 1, 0, 1, 1, 0, 1]
+    assert row["replicas"] == [[2, "p1"], [3, "p2"], [6, "p1"], [8, "p9"]]
+    assert row["reward"] == 1.0
+    # One replica for the whole chain: one pair, at the first generated position.
+    one = [
+        _it("s1", 0, [1, 2], [3, 4]),
+        _it("s1", 1, [1, 2, 3, 4, 9], [5], parent="i0", inherited=4),
+    ]
+    [row] = concat_rows(_session(), one, 1.0, "p9")
+    assert row["replicas"] == [[2, "p9"]]
+
+
+async def test_a_recorded_turn_names_this_proxy_for_its_own_engines_tokens(tmp_path):
+    from areal_proto.common.v1.envelope_pb2 import Envelope
+    from areal_proxy.generation import GenerationRecord
+    from areal_proxy.recorder import Recorder
+
+    book = SessionBook(Store(tmp_path / "r.db"), proxy_id="p1")
+    sid = new_id("sess")
+    key = mint_key(sid)
+    book.start("g1", "t1", "m", [(sid, key)])
+    rec = GenerationRecord(rid="r", prompt_ids=[1, 2], max_new_tokens=8)
+    rec.add([3, 4], [-0.1, -0.2], [[], []], 1)
+    rec.add([5], [-0.3], [[]], 2, replica="p2")
+    rec.add([6], [-0.4], [[]], 2)
+    recorder = Recorder(book)
+    ot = await recorder.begin(Envelope(session_id=sid, api_key=key), None, "i-1")
+    assert ot is not None
+    await recorder.commit(ot, messages="q", response="a", rec=rec, finish_reason="stop")
+    [it] = book.store.interactions(sid)
+    assert it.replicas == [(0, "p1"), (2, "p2"), (3, "p1")]
+    [row] = book.export_rows([book.store.session(sid)], "individual", 1.0)
+    assert row["replicas"] == [[2, "p1"], [4, "p2"], [5, "p1"]]
+    assert row["versions"] == [-1, -1, 1, 1, 2, 2]
+
+
 def test_acknowledged_writes_survive_sigkill(tmp_path):
     db = tmp_path / "rec.db"
     code = textwrap.dedent(f"""

@@ -49,6 +49,24 @@ def _items(doc: Any, key: str, where: str) -> list[Any]:
     return _get(doc, key, list, where)
 
 
+def _replicas(doc: Any, key: str, where: str) -> list[tuple[int, str]]:
+    """A list of [integer, string] pairs, as tuples."""
+    out = []
+    for pair in _items(doc, key, where):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and isinstance(pair[0], int)
+            and not isinstance(pair[0], bool)
+            and isinstance(pair[1], str)
+        ):
+            raise InvalidResponseError(
+                f"{where}: field {key!r} should hold [integer, string] pairs, got {pair!r:.80}"
+            )
+        out.append((pair[0], pair[1]))
+    return out
+
+
 def _count(doc: Any, key: str, where: str) -> int:
     """An optional integer field (load figures, timestamps): absent or null is 0."""
     return _opt(doc, key, int, where) or 0
@@ -153,6 +171,7 @@ _ROW_FIELDS = (
     "interaction_ids",
     "response_id",
     "choice_index",
+    "replicas",
     "finish_reason",
 )
 # Present in agent mode only (absent, never null, elsewhere).
@@ -180,6 +199,9 @@ class Trajectory:
     interaction_ids: list[str]
     response_id: str
     choice_index: int
+    # Which replica (proxy id) generated which tokens: (index into input_ids, proxy id) runs,
+    # each on until the next; one run unless the request migrated mid-generation.
+    replicas: list[tuple[int, str]]
     finish_reason: str
     agent_session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -201,6 +223,7 @@ class Trajectory:
             interaction_ids=_items(doc, "interaction_ids", w),
             response_id=_get(doc, "response_id", str, w),
             choice_index=_get(doc, "choice_index", int, w),
+            replicas=_replicas(doc, "replicas", w),
             finish_reason=_get(doc, "finish_reason", str, w),
             agent_session_id=(
                 _get(doc, "agent_session_id", str, w) if "agent_session_id" in doc else None
@@ -222,6 +245,7 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in _ROW_FIELDS}
+        out["replicas"] = [[i, r] for i, r in self.replicas]
         if self.agent_session_id is not None:
             out["agent_session_id"] = self.agent_session_id
         out.update(self.extra)

@@ -309,6 +309,14 @@ class TrajectoryRow(_Response):
     choice_index: int = Field(
         description="Which choice of that response the interaction is, from 0."
     )
+    replicas: list[tuple[int, str]] = Field(
+        description="Which replica generated which tokens: [index, proxy id] pairs, index "
+        "ascending: from input_ids[index] on, until the next pair, the generated tokens "
+        "(loss_mask 1) came from that proxy's engine (the recording proxy's own id for its own "
+        "engine). One pair, at the first generated token, unless the request migrated to "
+        "another replica mid-generation; prompt tokens are not attributed; in a concat row, "
+        "each turn's pairs sit where its output does."
+    )
     finish_reason: str = Field(
         description="Why the interaction's generation stopped: stop, length, tool_calls, ..."
     )

@@ -155,6 +155,9 @@ class Recorder:
             response_id=ot.response_id or ot.interaction_id,
             choice_index=ot.choice_index,
             prompt_path=built.path if built is not None else "",
+            # "" in the record is this proxy's own engine: named, so a row says which proxy
+            # made each token however many replicas a migrated request went through.
+            replicas=[(i, r or self.book.proxy_id) for i, r in rec.replicas],
         )
         # What the store may take from the parent rather than write again (flat disk per turn).
         it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered, known)

@@ -85,6 +85,7 @@ class ProxyServer:
             retention=settings.retention_seconds,
             lost_data=settings.lost_data,
             turn_cache_bytes=settings.prompt_cache_mb << 20,
+            proxy_id=settings.proxy_id,
         )
         self.metrics = ProxyMetrics()
         self.state = ProxyState(

@@ -3,8 +3,10 @@
 A row: `input_ids` (prompt + output, the stop token included), `loss_mask`
 (0 on prompt tokens, 1 on generated ones), `logprobs` (0 on prompt tokens),
 `versions` (-1 on prompt tokens, else the weight version that produced the
-token), `reward`, and the ids that place it (session, group, task,
-interaction).
+token), `reward`, `replicas` (which proxy's engine generated which tokens: `[index, proxy
+id]` pairs over `input_ids` positions, each on until the next; several when a request
+migrated to another replica mid-generation), and the ids that place it (session, group,
+task, interaction).
 
 Styles:
 - `individual`: one row per interaction.
@@ -49,6 +51,26 @@ def discounted_rewards(turns: list[Interaction], discount: float) -> list[float]
     return out
 
 
+def _runs(it: Interaction, recorder: str) -> list[tuple[int, str]]:
+    """`it`'s replica runs over its output, each covering at least one token and naming a
+    proxy other than the run before; none recorded (a row from before migration): all by
+    the recording proxy."""
+    n = len(it.output_ids)
+    out: list[tuple[int, str]] = []
+    for i, (start, replica) in enumerate(it.replicas or [(0, recorder)]):
+        end = it.replicas[i + 1][0] if i + 1 < len(it.replicas) else n
+        if start >= min(end, n):
+            continue  # covers no token
+        if out and out[-1][1] == replica:
+            continue  # the same proxy goes on
+        out.append((start, replica))
+    return out
+
+
+def _pairs(runs: list[tuple[int, str]]) -> list[list[Any]]:
+    return [[i, r] for i, r in runs]
+
+
 def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
     return {
         "session_id": session.session_id,
@@ -64,7 +86,7 @@ def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
 
 
 def individual_rows(
-    session: Session, turns: list[Interaction], discount: float
+    session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
     rewards = discounted_rewards(turns, discount)
     for it, r in zip(turns, rewards, strict=True):
@@ -76,6 +98,7 @@ def individual_rows(
             logprobs=[0.0] * p + it.logprobs,
             versions=[-1] * p + it.versions,
             interaction_ids=[it.interaction_id],
+            replicas=_pairs([(p + at, replica) for at, replica in _runs(it, recorder)]),
         )
         yield row
 
@@ -91,7 +114,7 @@ def _continues(child: Interaction, parent: Interaction) -> bool:
 
 
 def concat_rows(
-    session: Session, turns: list[Interaction], discount: float
+    session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
     rewards = discounted_rewards(turns, discount)
     by_id = {it.interaction_id: it for it in turns}
@@ -112,8 +135,14 @@ def concat_rows(
         mask = [0] * len(ids)
         lps = [0.0] * len(ids)
         vers = [-1] * len(ids)
+        runs: list[tuple[int, str]] = []
         for turn in chain:
             start = len(turn.prompt_ids)
+            # Each turn's runs where its output sits; a proxy that goes on from the turn
+            # before (across the prompt text between them) is one run.
+            for at, replica in _runs(turn, recorder):
+                if not runs or runs[-1][1] != replica:
+                    runs.append((start + at, replica))
             for j, (lp, v) in enumerate(zip(turn.logprobs, turn.versions, strict=True)):
                 mask[start + j] = 1
                 lps[start + j] = lp
@@ -125,13 +154,18 @@ def concat_rows(
             logprobs=lps,
             versions=vers,
             interaction_ids=[t.interaction_id for t in chain],
+            replicas=_pairs(runs),
         )
         yield row
 
 
 def rows(
-    sessions: Iterable[tuple[Session, list[Interaction]]], style: str, discount: float
+    sessions: Iterable[tuple[Session, list[Interaction]]],
+    style: str,
+    discount: float,
+    recorder: str = "proxy",
 ) -> Iterator[dict[str, Any]]:
+    """`recorder`: the recording proxy's id, the replica of tokens recorded without one."""
     build = individual_rows if style == "individual" else concat_rows
     for session, turns in sessions:
-        yield from build(session, turns, discount)
+        yield from build(session, turns, discount, recorder)

@@ -39,6 +39,11 @@ class Interaction:
     # How the chat prompt was built: "incremental" (continued the previous turn's), "full"
     # (the session's first prompt) or "full:<reason>" (a fallback; prompt/incremental.py).
     prompt_path: str = ""
+    # Which proxy's engine generated which output tokens, as runs: (index in output_ids of the
+    # run's first token, proxy id), in order, each run a different proxy from the one before
+    # (a request that migrated mid-generation has several). Empty: all by the recording
+    # proxy (one run), as every row recorded before migration existed reads.
+    replicas: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -98,8 +98,12 @@ class SessionBook:
         turn_cache_bytes: int = 512 << 20,
         retention: float = 0.0,
         lost_data: str = "",
+        proxy_id: str = "",
     ) -> None:
         self.store = store
+        # This proxy's id (--proxy-id; "proxy" when it has none): the recording proxy named in
+        # the rows as the replica of the tokens its own engine made (Interaction.replicas).
+        self.proxy_id = proxy_id or "proxy"
         # Why a session may be unknown here beyond a typo: this replica lost what it recorded.
         self.lost_data = lost_data
         self.ttl = ttl
@@ -470,7 +474,7 @@ class SessionBook:
         pairs = zip(
             sessions, self.store.iter_interactions([s.session_id for s in sessions]), strict=True
         )
-        return export.rows(pairs, style, discount)
+        return export.rows(pairs, style, discount, recorder=self.proxy_id)
 
     def remove(self, sessions: list[Session]) -> None:
         self.remove_ids([s.session_id for s in sessions])
