@@ -87,11 +87,12 @@ async def test_stream_without_finish_is_an_error(server_factory):
     url = await _serve(server_factory, events)
     client = SGLangClient(url)
     try:
-        with pytest.raises(EngineError, match="without a finish reason after 2 tokens"):
+        with pytest.raises(EngineError, match="without a finish reason after 2 tokens") as info:
             async for _ in client.generate_stream(GenerationRequest([1], 4)):
                 pass
     finally:
         await client.close()
+    assert info.value.lost  # the engine went away: the request may migrate
 
 
 async def test_unreachable_engine_is_retryable_503():
@@ -101,7 +102,42 @@ async def test_unreachable_engine_is_retryable_503():
             await client.generate(GenerationRequest([1], 1))
     finally:
         await client.close()
-    assert info.value.status == 503 and info.value.retryable
+    assert info.value.status == 503 and info.value.retryable and info.value.lost
+
+
+async def test_a_connection_cut_mid_stream_is_lost_and_a_refusal_is_not(server_factory):
+    async def cut(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"data: " + orjson.dumps(_events(True, [7, 8])[0]) + b"\n\n")
+        assert request.transport is not None
+        request.transport.abort()  # the engine process died
+        return resp
+
+    async def refuse(request):
+        return web.json_response({"error": {"message": "too long", "code": 400}}, status=400)
+
+    app = web.Application()
+    app.router.add_post("/generate", cut)
+    url = await server_factory(app)
+    client = SGLangClient(url)
+    try:
+        with pytest.raises(EngineError) as info:
+            async for _ in client.generate_stream(GenerationRequest([1], 4)):
+                pass
+        assert info.value.lost and info.value.status == 503, info.value
+    finally:
+        await client.close()
+    app = web.Application()
+    app.router.add_post("/generate", refuse)
+    client = SGLangClient(await server_factory(app))
+    try:
+        with pytest.raises(EngineError) as info:
+            async for _ in client.generate_stream(GenerationRequest([1], 4)):
+                pass
+        assert not info.value.lost
+    finally:
+        await client.close()
 
 
 async def test_one_event_longer_than_aiohttps_line_limit(server_factory):

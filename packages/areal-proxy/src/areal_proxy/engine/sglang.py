@@ -28,6 +28,9 @@ from areal_proxy.engine.base import (
 from areal_proxy.engine.transport import CONNECT_TIMEOUT_S, NOT_CONNECTED, retry_unconnected
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+# The connection broke under a request (server disconnected, reset, or the body cut short):
+# the engine went away, it did not answer about the request.
+_LOST = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
 
 
 def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
@@ -153,7 +156,10 @@ class SGLangClient:
 
     def _unreachable(self, e: Exception) -> EngineError:
         return EngineError(
-            f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            f"engine unreachable at {self.base_url}: {e}",
+            status=503,
+            retryable=True,
+            lost=True,
         )
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -208,10 +214,11 @@ class SGLangClient:
                 return orjson.loads(raw)
         except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            # The engine went away mid-request (killed, crashed): 503, not retried here.
+        except _LOST as e:
+            # The engine went away mid-request (killed, crashed): 503, not retried here, but
+            # the request may continue on another replica (migration).
             raise EngineError(
-                f"engine connection lost at {self.base_url}: {e!r}", status=503
+                f"engine connection lost at {self.base_url}: {e!r}", status=503, lost=True
             ) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine /generate failed: {e!r}", status=502) from e
@@ -267,17 +274,21 @@ class SGLangClient:
                         return
         except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        except _LOST as e:
             raise EngineError(
                 f"engine connection lost at {self.base_url} after {emitted} tokens: {e!r}",
                 status=503,
+                lost=True,
             ) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(
                 f"engine stream failed after {emitted} tokens: {e!r}", status=502
             ) from e
+        # The engine closed the stream without finishing the request: it went away.
         raise EngineError(
-            f"engine stream ended without a finish reason after {emitted} tokens", status=502
+            f"engine stream ended without a finish reason after {emitted} tokens",
+            status=502,
+            lost=True,
         )
 
     async def abort(self, rid: str | None = None) -> None:

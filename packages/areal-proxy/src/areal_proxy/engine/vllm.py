@@ -179,6 +179,13 @@ def _stream_error(event: dict[str, Any]) -> EngineError:
     return EngineError(f"engine error during generation: {msg}", status=502)
 
 
+def _lost(e: BaseException) -> bool:
+    """The connection broke under the request (the engine went away), not an answer."""
+    return isinstance(
+        e, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
+    )
+
+
 @dataclass(eq=False)
 class _InFlight:
     """One request of this client, so that abort() can close its connection."""
@@ -247,7 +254,10 @@ class VLLMClient:
 
     def _unreachable(self, e: Exception) -> EngineError:
         return EngineError(
-            f"engine unreachable at {self.base_url}: {e}", status=503, retryable=True
+            f"engine unreachable at {self.base_url}: {e}",
+            status=503,
+            retryable=True,
+            lost=True,
         )
 
     async def _control(
@@ -357,7 +367,9 @@ class VLLMClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             if flight.aborted:
                 return aborted
-            raise EngineError(f"engine /v1/completions failed: {e!r}", status=502) from e
+            raise EngineError(
+                f"engine /v1/completions failed: {e!r}", status=502, lost=_lost(e)
+            ) from e
         except orjson.JSONDecodeError as e:
             raise EngineError(f"engine sent an unreadable answer: {e}", status=502) from e
         finally:
@@ -439,7 +451,9 @@ class VLLMClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             if not flight.aborted and final is None:
                 raise EngineError(
-                    f"engine stream failed after {emitted} tokens: {e!r}", status=502
+                    f"engine stream failed after {emitted} tokens: {e!r}",
+                    status=502,
+                    lost=_lost(e),
                 ) from e
         finally:
             self._inflight.discard(flight)
@@ -449,8 +463,11 @@ class VLLMClient:
         if flight.aborted:
             yield GenerationChunk([], [], [], "abort", None, prompt_tokens, version)
             return
+        # The engine closed the stream without finishing the request: it went away.
         raise EngineError(
-            f"engine stream ended without a finish reason after {emitted} tokens", status=502
+            f"engine stream ended without a finish reason after {emitted} tokens",
+            status=502,
+            lost=True,
         )
 
     async def abort(self, rid: str | None = None) -> None:
