@@ -4,7 +4,11 @@ Pause aborts in-flight generations at the engine; each aborted request then wait
 Continue and is resubmitted with `prompt + tokens so far` and the remaining budget, so the
 client sees a slower answer, never an error or a truncation. Every output token is stamped
 with the weight version current when it was generated (`GenerationRecord.versions`).
-Nothing is ever retried after an engine error.
+Nothing is ever retried after an engine's answer about the request. An engine lost under a
+request (`EngineError.lost`: it died or became unreachable) is different: the request
+continues on another replica's engine through its proxy (migration.py), the same way, prompt
++ tokens so far and the remaining budget, unless it may not move (then a 503
+`migration_failed` says why).
 
 A constrained generation (JSON schema, regex, forced tool call) cannot be resumed that way:
 the engine's grammar would start again at the continuation. It starts over from its prompt
@@ -21,9 +25,12 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
+
+if TYPE_CHECKING:
+    from areal_proxy.migration import Migrator
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,12 @@ class GenerationRecord:
     replicas: list[tuple[int, str]] = field(default_factory=list)
     # Replicas the request moved to after its engine was lost (migration).
     migrations: int = 0
+    # Choices of the client's request generated together with this one (n, or several
+    # prompts): more than one is never migrated (the others would go on where they are).
+    together: int = 1
+    # A continuation of another replica's request (ContinueGeneration): it never moves on
+    # from here; a lost engine fails it, and its caller picks the next replica.
+    pinned: bool = False
 
     @property
     def remaining(self) -> int:
@@ -132,6 +145,12 @@ class GenerationController:
         self._background: set[asyncio.Task[Any]] = set()
         # Called once per finished request (metrics now; the RL recording layer later).
         self.on_finish: Callable[[GenerationRecord], None] | None = None
+        # Where a request whose engine was lost goes next (None: nowhere, the lost engine's
+        # error is the request's).
+        self.migrator: Migrator | None = None
+        # Engine request id -> the peer carrying it, while an attempt runs on a peer (an
+        # abort by id goes there, not to this proxy's engine).
+        self._peer_rids: dict[str, EngineClient] = {}
 
     # ---- state -------------------------------------------------------------------------
 
@@ -214,9 +233,18 @@ class GenerationController:
     # ---- generation --------------------------------------------------------------------
 
     def start(
-        self, prompt_ids: list[int], max_new_tokens: int, prompt_json: bytes | None = None
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        prompt_json: bytes | None = None,
+        *,
+        together: int = 1,
     ) -> GenerationRecord:
-        rec = GenerationRecord(new_rid(), prompt_ids, max_new_tokens, prompt_json=prompt_json)
+        """A new request's record; `together`: how many choices of the client's request are
+        generated side by side with it (more than one: never migrated)."""
+        rec = GenerationRecord(
+            new_rid(), prompt_ids, max_new_tokens, prompt_json=prompt_json, together=together
+        )
         self.inflight[rec.rid] = rec
         self.total_requests += 1
         return rec
@@ -225,7 +253,8 @@ class GenerationController:
         """Forget the request; if the engine may still be generating it, abort it there."""
         if self.inflight.pop(rec.rid, None) is None:
             return
-        if rec.finish_reason is None and rec.engine_rid:
+        # On a peer, the closed continuation call aborted the peer's engine request already.
+        if rec.finish_reason is None and rec.engine_rid and not rec.migrations:
             self.abort_later(rec.engine_rid)
         if self.on_finish is not None:
             self.on_finish(rec)
@@ -238,7 +267,7 @@ class GenerationController:
     async def _abort(self, engine_rid: str) -> None:
         log.debug("aborting engine request %s", engine_rid)
         try:
-            await self.engine.abort(engine_rid)
+            await self._peer_rids.get(engine_rid, self.engine).abort(engine_rid)
         except Exception as e:  # the request may already be gone; nothing to undo
             log.warning("engine abort of %s failed: %s", engine_rid, e)
 
@@ -246,9 +275,13 @@ class GenerationController:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    def _attempt(self, rec: GenerationRecord, template: GenerationRequest) -> GenerationRequest:
+    def _attempt(
+        self, rec: GenerationRecord, template: GenerationRequest, engine: EngineClient | None = None
+    ) -> GenerationRequest:
         rec.attempts += 1
         rec.engine_rid = f"{rec.rid}-{rec.attempts}"
+        if engine is not None and engine is not self.engine:
+            self._peer_rids[rec.engine_rid] = engine
         if rec.token_ids:
             ids, encoded = rec.prompt_ids + rec.token_ids, None
         else:
@@ -264,10 +297,36 @@ class GenerationController:
     def _by_pause(self, finish: str | None, epoch: int) -> bool:
         return finish == "abort" and (self._paused or self._pause_epoch != epoch)
 
+    async def _migrate(
+        self,
+        rec: GenerationRecord,
+        template: GenerationRequest,
+        engine: EngineClient,
+        err: EngineError,
+        tried: set[str],
+    ) -> EngineClient:
+        """The engine `rec` goes on with after `err` from `engine`: a peer when the engine was
+        lost and the request may move (migration.py); otherwise `err` (or why it may not
+        move) is raised."""
+        if not err.lost or self.migrator is None or rec.pinned:
+            raise err
+        return await self.migrator.next_engine(rec, template, engine, err, tried)
+
     async def stream(
         self, rec: GenerationRecord, template: GenerationRequest
     ) -> AsyncGenerator[Step, None]:
-        """Steps as the engine produces tokens, across pause/resubmission."""
+        """Steps as the engine produces tokens, across pause/resubmission and migration."""
+        async with aclosing(self._stream_on(rec, template, self.engine, set())) as steps:
+            async for step in steps:
+                yield step
+
+    async def _stream_on(
+        self,
+        rec: GenerationRecord,
+        template: GenerationRequest,
+        engine: EngineClient,
+        tried: set[str],
+    ) -> AsyncGenerator[Step, None]:
         want_tops = template.top_logprobs > 0
         sent = False
         while True:
@@ -278,49 +337,66 @@ class GenerationController:
                 return
             epoch = self._pause_epoch
             # Weights change only while paused, and a pause ends every attempt: all tokens of
-            # this attempt come from the weights current now, however late they are read.
+            # this attempt come from the weights current now, however late they are read. A
+            # peer's tokens carry the version the peer made them with.
             version = self.version
-            req = self._attempt(rec, template)
+            req = self._attempt(rec, template, engine)
             resubmit = False
-            async with aclosing(self.engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
-                async for chunk in chunks:
-                    by_pause = self._by_pause(chunk.finish_reason, epoch)
-                    ids, lps, tops = chunk.token_ids, chunk.logprobs, chunk.top_logprobs
-                    if by_pause or len(lps) != len(ids) or (want_tops and len(tops) != len(ids)):
-                        ids, lps, tops = _aligned(ids, lps, tops, want_tops)
-                    elif not want_tops:
-                        tops = []
-                    if by_pause and template.constraint is not None:
-                        if sent:
-                            raise EngineError(
-                                "a weight update interrupted this constrained generation after "
-                                "part of it was sent, and a constrained output cannot be "
-                                "resumed: send the request again",
-                                status=503,
-                            )
-                        rec.restart()
-                        resubmit = True
-                        break
-                    rec.add(ids, lps, tops, version)
-                    if by_pause:
+            try:
+                async with aclosing(engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
+                    async for chunk in chunks:
+                        by_pause = self._by_pause(chunk.finish_reason, epoch)
+                        ids, lps, tops = chunk.token_ids, chunk.logprobs, chunk.top_logprobs
+                        if (
+                            by_pause
+                            or len(lps) != len(ids)
+                            or (want_tops and len(tops) != len(ids))
+                        ):
+                            ids, lps, tops = _aligned(ids, lps, tops, want_tops)
+                        elif not want_tops:
+                            tops = []
+                        if by_pause and template.constraint is not None:
+                            if sent:
+                                raise EngineError(
+                                    "a weight update interrupted this constrained generation "
+                                    "after part of it was sent, and a constrained output cannot "
+                                    "be resumed: send the request again",
+                                    status=503,
+                                )
+                            rec.restart()
+                            resubmit = True
+                            break
+                        if chunk.replica:
+                            rec.add(ids, lps, tops, _version(chunk.weight_version), chunk.replica)
+                        else:
+                            rec.add(ids, lps, tops, version)
+                        if by_pause:
+                            if ids:
+                                yield Step(ids, lps, tops)
+                            resubmit = True
+                            break
+                        if chunk.finish_reason is not None:
+                            rec.finish_reason = chunk.finish_reason
+                            rec.matched_stop = chunk.matched_stop
+                            yield Step(ids, lps, tops, chunk.finish_reason, chunk.matched_stop)
+                            return
                         if ids:
+                            sent = True
                             yield Step(ids, lps, tops)
-                        resubmit = True
-                        break
-                    if chunk.finish_reason is not None:
-                        rec.finish_reason = chunk.finish_reason
-                        rec.matched_stop = chunk.matched_stop
-                        yield Step(ids, lps, tops, chunk.finish_reason, chunk.matched_stop)
-                        return
-                    if ids:
-                        sent = True
-                        yield Step(ids, lps, tops)
-            if not resubmit:
-                raise EngineError("engine stream ended without a finish reason", status=502)
+                if not resubmit:
+                    raise EngineError(
+                        "engine stream ended without a finish reason", status=502, lost=True
+                    )
+            except EngineError as e:
+                engine = await self._migrate(rec, template, engine, e, tried)
+                continue
+            finally:
+                self._peer_rids.pop(req.rid or "", None)
             log.debug("request %s aborted by pause after %d tokens", rec.rid, len(rec.token_ids))
 
     async def generate(self, rec: GenerationRecord, template: GenerationRequest) -> None:
-        """The whole generation into `rec` (one engine call unless a pause interrupts it)."""
+        """The whole generation into `rec` (one engine call unless a pause interrupts it). On a
+        lost engine it continues on a peer, streamed (each step with the peer's version)."""
         want_tops = template.top_logprobs > 0
         while True:
             await self._running.wait()
@@ -329,7 +405,17 @@ class GenerationController:
                 return
             epoch = self._pause_epoch
             version = self.version  # as in stream(): the attempt's weights
-            res = await self.engine.generate(self._attempt(rec, template))
+            try:
+                res = await self.engine.generate(self._attempt(rec, template))
+            except EngineError as e:
+                # A whole answer that died left nothing usable: the peer generates from the
+                # prompt + whatever tokens earlier (paused) attempts kept.
+                tried: set[str] = set()
+                peer = await self._migrate(rec, template, self.engine, e, tried)
+                async with aclosing(self._stream_on(rec, template, peer, tried)) as steps:
+                    async for _ in steps:
+                        pass
+                return
             by_pause = self._by_pause(res.finish_reason, epoch)
             if by_pause and template.constraint is not None:
                 rec.restart()
@@ -340,3 +426,11 @@ class GenerationController:
                 rec.finish_reason = res.finish_reason
                 rec.matched_stop = getattr(res, "matched_stop", None)
                 return
+
+
+def _version(weight_version: str) -> int:
+    """A peer's version as it reported it (a number; anything else reads as 0)."""
+    try:
+        return int(weight_version)
+    except ValueError:
+        return 0

@@ -20,9 +20,11 @@ import orjson
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proxy.engine.base import EngineError
+from areal_proxy.engine.peer import REQUEST_DEADLINE
 from areal_proxy.generation import GenerationController, GenerationRecord
 from areal_proxy.inference import InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.migration import MigrationFailed, continue_steps
 from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording.claims import ExportClaims
 from areal_proxy.recording.model import Session
@@ -71,12 +73,18 @@ def _service_error(exc: BaseException) -> ServiceError:
         return DeadlineExceeded("generation did not finish before the request deadline")
     if isinstance(exc, EngineError):
         # The engine's own status, as the class for it (a 503 is `Unavailable`, so the
-        # gateway may try another replica); type and code say it was the engine.
+        # gateway may try another replica); type and code say it was the engine. A lost
+        # engine's error reaches a client only as `migration_failed` (why the request could
+        # not move) or, from a continuation for another replica, as `engine_lost` (that
+        # replica tries its next peer).
+        if isinstance(exc, MigrationFailed):
+            code = MigrationFailed.code
+        elif exc.lost:
+            code = "engine_lost"
+        else:
+            code = "engine_unavailable" if exc.status == 503 else "engine_error"
         return error_for(
-            exc.status,
-            str(exc),
-            type="api_error" if exc.status >= 500 else None,
-            code="engine_unavailable" if exc.status == 503 else "engine_error",
+            exc.status, str(exc), type="api_error" if exc.status >= 500 else None, code=code
         )
     log.exception("internal error", exc_info=exc)
     return InternalError(f"internal proxy error: {type(exc).__name__}: {exc}")
@@ -198,7 +206,10 @@ class ProxyServicer(
         err: ServiceError
         try:
             try:
-                async with asyncio.timeout_at(self._deadline(request, remaining)):
+                deadline = self._deadline(request, remaining)
+                # A continuation on a peer (migration) is bounded by the same deadline.
+                REQUEST_DEADLINE.set(deadline)
+                async with asyncio.timeout_at(deadline):
                     await work()
                 self._count(rpc, "200")
                 return None
@@ -285,6 +296,26 @@ class ProxyServicer(
             await stream.run(request_iterator)
         finally:
             self._streams.discard(stream)
+
+    async def ContinueGeneration(self, request: Any, context: Any) -> None:  # type: ignore[override]
+        """Another replica's request continued on this proxy's engine (migration.py)."""
+        # The bookkeeping of every generation (draining refusal, deadline, metrics, errors)
+        # reads an envelope: the call's id and deadline as one.
+        env = envelope_pb2.OpenAIRequest(
+            envelope=envelope_pb2.Envelope(
+                request_id=request.rid, deadline_unix_ms=request.deadline_unix_ms
+            )
+        )
+
+        async def work() -> None:
+            steps = continue_steps(self.controller, request, self.state.proxy_id)
+            async with aclosing(steps) as out:
+                async for step in out:
+                    await context.write(step)
+
+        err = await self.run_generation("ContinueGeneration", env, context.time_remaining(), work)
+        if err is not None:
+            await abort(context, err)
 
     def held_results(self) -> int:
         """Results every `Generate` stream holds for callers that gave no credit (the

@@ -205,10 +205,13 @@ class InferenceCore:
             self._budget(len(prompt), sampling.max_tokens, param(i))
             for i, prompt in enumerate(p.prompts)
         ]
+        # Choices generated together are never migrated one by one (generation.py).
+        together = len(p.prompts) * sampling.n
         for i, (prompt, budget) in enumerate(zip(p.prompts, budgets, strict=True)):
             encoded = p.prompts_json[i] if p.prompts_json else None
             p.recs.extend(
-                (self.controller.start(prompt, budget, encoded), i) for _ in range(sampling.n)
+                (self.controller.start(prompt, budget, encoded, together=together), i)
+                for _ in range(sampling.n)
             )
 
     def finish(self, p: Prepared) -> None:
