@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from areal_proxy.migration import OUTCOMES as MIGRATION_OUTCOMES
 from areal_proxy.prompt.incremental import FALLBACK_REASONS, Built
 from areal_proxy.prompt.state import TurnCache
 
@@ -71,6 +72,17 @@ class ProxyMetrics(_Served):
         self.engine_errors = Counter(
             "areal_proxy_engine_errors_total", "engine failures by kind", ["kind"], registry=r
         )
+        # Every outcome's series exists from the start (reads 0).
+        self.migrations = Counter(
+            "areal_proxy_migrations_total",
+            "decisions on requests whose engine was lost: continued (moved to a peer), "
+            "refused_constraint, refused_n, refused_limit, no_peer; peer_failed counts a peer "
+            "lost under a continuation",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in MIGRATION_OUTCOMES:
+            self.migrations.labels(outcome)
         self.resubmits = Counter(
             "areal_proxy_resubmits_total", "engine attempts resubmitted after a pause", registry=r
         )

@@ -19,6 +19,7 @@ from areal_proxy.engine.base import EngineClient
 from areal_proxy.generation import GenerationController
 from areal_proxy.inference import InferenceConfig, InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
+from areal_proxy.migration import Migrator
 from areal_proxy.output_parsing import check_parsers
 from areal_proxy.recorder import Recorder
 from areal_proxy.recording.sessions import SessionBook
@@ -88,6 +89,14 @@ class ProxyServer:
             proxy_id=settings.proxy_id,
         )
         self.metrics = ProxyMetrics()
+        self.migrator = Migrator(
+            proxy_id=settings.proxy_id,
+            model=settings.model,
+            router_addr=settings.router_addr,
+            limit=settings.migration_limit,
+            on_outcome=lambda outcome: self.metrics.migrations.labels(outcome).inc(),
+        )
+        self.controller.migrator = self.migrator
         self.state = ProxyState(
             model=settings.model, engine_url=settings.engine_url, proxy_id=settings.proxy_id
         )
@@ -249,6 +258,7 @@ class ProxyServer:
             await asyncio.wait_for(self.controller.wait_background(), 5.0)
         # 5. Close the engine client and the prompt screen, then the metrics endpoint.
         await self.engine.close()
+        await self.migrator.close()
         await self.screen.close()
         # The recording thread finishes what it was given before the database closes.
         self.cpu_executor.shutdown(wait=False, cancel_futures=True)

@@ -55,6 +55,21 @@ class Settings:
     engine_health_interval: float = field(
         default=2.0, metadata={"help": "seconds between background engine health checks"}
     )
+    # Migration: a request whose engine dies continues on another replica's engine.
+    router_addr: str = field(
+        default="",
+        metadata={
+            "help": "host:port of the router, asked for the other healthy replicas of this "
+            "model when the engine dies under a request (migration); empty = no migration"
+        },
+    )
+    migration_limit: int = field(
+        default=3,
+        metadata={
+            "help": "replicas one request may move to after engines died under it "
+            "(0 = never migrate)"
+        },
+    )
 
     # RL recording (inference mode).
     db_path: str = field(
@@ -131,6 +146,8 @@ class Settings:
             out.append("--context-length must be >= 0")
         if self.retention_seconds < 0:
             out.append("--retention-seconds must be >= 0")
+        if self.migration_limit < 0:
+            out.append("--migration-limit must be >= 0")
         return out
 
 
