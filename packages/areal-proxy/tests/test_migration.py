@@ -1,0 +1,294 @@
+"""Migration (issue 24): a request whose engine dies continues on another replica's engine,
+through that replica's proxy (ContinueGeneration). Real ProxyServers on loopback, a fake
+router answering ListProxies, fake engines that die after k tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from proxy_fakes import EOS, FakeEngineClient, Harness, error_detail, lp_of, start, wait_for
+
+from areal_proto.proxy.v1 import proxy_pb2
+from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+from areal_proxy.engine.base import EngineError, GenerationChunk, GenerationRequest
+
+MSG = [{"role": "user", "content": "hi"}]
+SEQ = [*range(40, 60), EOS]  # 21 tokens, ends with the end-of-turn token
+HEALTHY = router_pb2.PROXY_HEALTH_HEALTHY
+
+
+class DyingEngine(FakeEngineClient):
+    """Produces the first `k` tokens of its sequence, then dies under the request: `how` is
+    "error" (the connection breaks: EngineError lost) or "close" (the stream just ends). A whole
+    (non-streamed) call dies with nothing."""
+
+    def __init__(self, sequence: list[int], k: int, how: str = "error", **kw: Any) -> None:
+        super().__init__(sequence, **kw)
+        self.k = k
+        self.how = how
+
+    async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(req)
+        for token in self.sequence[: self.k]:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            self.tokens_sent += 1
+            yield self._chunk([token], req, None)
+        if self.how == "error":
+            raise EngineError("engine connection lost (test)", status=503, lost=True)
+
+    async def generate(self, req: GenerationRequest) -> Any:
+        self.requests.append(req)
+        raise EngineError("engine connection lost (test)", status=503, lost=True)
+
+
+class FakeRouter(router_pb2_grpc.RouterServiceServicer):
+    def __init__(self) -> None:
+        self.proxies: list[router_pb2.ProxyInfo] = []
+        self.asked: list[tuple[str, int]] = []
+
+    async def ListProxies(self, request: Any, context: Any) -> router_pb2.ListProxiesResponse:
+        self.asked.append((request.model, request.kind))
+        return router_pb2.ListProxiesResponse(proxies=self.proxies)
+
+
+def _info(h: Harness, proxy_id: str, health: int = HEALTHY) -> router_pb2.ProxyInfo:
+    return router_pb2.ProxyInfo(
+        proxy_id=proxy_id,
+        address=f"127.0.0.1:{h.server.port}",
+        model="tiny-parrot",
+        kind=router_pb2.PROXY_KIND_INFERENCE,
+        health=health,
+    )
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    first: FakeEngineClient, peers: list[FakeEngineClient], *, router: bool = True, **over: Any
+) -> AsyncIterator[tuple[Harness, list[Harness], FakeRouter]]:
+    """P1 (proxy id p1, in front of `first`) and one proxy per peer engine (p2, p3, ...), all
+    listed healthy by a fake router that P1 asks (unless `router` is False)."""
+    fake = FakeRouter()
+    rserver = grpc.aio.server()
+    router_pb2_grpc.add_RouterServiceServicer_to_server(fake, rserver)
+    rport = rserver.add_insecure_port("127.0.0.1:0")
+    await rserver.start()
+    hs: list[Harness] = []
+    try:
+        for i, engine in enumerate(peers):
+            hs.append(await start(engine, proxy_id=f"p{i + 2}"))
+        addr = f"127.0.0.1:{rport}" if router else ""
+        p1 = await start(first, proxy_id="p1", router_addr=addr, **over)
+        hs.insert(0, p1)
+        fake.proxies = [_info(h, f"p{i + 1}") for i, h in enumerate(hs)]
+        yield p1, hs[1:], fake
+    finally:
+        for h in hs:
+            await h.close()
+        await rserver.stop(None)
+
+
+def _count(h: Harness, outcome: str) -> float:
+    value = h.server.metrics.registry.get_sample_value(
+        "areal_proxy_migrations_total", {"outcome": outcome}
+    )
+    return value or 0.0
+
+
+def _text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize("how", ["error", "close"])
+async def test_a_stream_continues_on_a_peer_with_exactly_the_remaining_tokens(how):
+    k = 5
+    peer_engine = FakeEngineClient(SEQ[k:])
+    async with cluster(DyingEngine(SEQ, k, how), [peer_engine]) as (p1, (p2,), router):
+        await p2.stub.SetVersion(proxy_pb2.SetVersionRequest(version=7))
+        body = {
+            "messages": MSG,
+            "max_tokens": 50,
+            "temperature": 0.5,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream": True,
+        }
+        out = await p1.chat_stream(body)
+
+        first = p1.engine.requests[0]
+        (cont,) = peer_engine.requests
+        assert cont.input_ids == first.input_ids + SEQ[:k]
+        assert cont.max_new_tokens == 50 - k
+        assert cont.temperature == 0.5 and cont.top_logprobs == 2
+        assert cont.stop_token_ids == first.stop_token_ids
+        assert _text(out) == p1.tok.decode(SEQ[:-1])
+        assert out[-1]["choices"][0]["finish_reason"] == "stop"
+        lps = [
+            e
+            for c in out
+            if c["choices"]
+            for e in (c["choices"][0].get("logprobs") or {}).get("content") or []
+        ]
+        assert [e["logprob"] for e in lps] == [lp_of(t) for t in SEQ]
+        assert all(len(e["top_logprobs"]) == 2 for e in lps)
+
+        rec = next(r for r in p1.records if r.prompt_ids == first.input_ids)
+        assert rec.token_ids == SEQ and rec.finish_reason == "stop"
+        assert rec.replicas == [(0, ""), (k, "p2")]
+        assert rec.versions == [0] * k + [7] * (len(SEQ) - k)
+        assert rec.logprobs == [lp_of(t) for t in SEQ]
+        assert rec.migrations == 1
+        assert router.asked == [("tiny-parrot", router_pb2.PROXY_KIND_INFERENCE)]
+        assert _count(p1, "continued") == 1
+
+
+async def test_a_whole_answer_arrives_whole():
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(DyingEngine(SEQ, 0), [peer_engine]) as (p1, _, _):
+        out = await p1.chat({"messages": MSG, "max_tokens": 50, "logprobs": True})
+
+        (first,) = p1.engine.requests
+        (cont,) = peer_engine.requests
+        # The whole call that died left nothing: the peer starts from the prompt.
+        assert cont.input_ids == first.input_ids and cont.max_new_tokens == 50
+        assert out["choices"][0]["message"]["content"] == p1.tok.decode(SEQ[:-1])
+        assert out["choices"][0]["finish_reason"] == "stop"
+        rec = p1.records[0]
+        assert rec.token_ids == SEQ and rec.replicas == [(0, "p2")]
+
+
+async def test_a_chain_of_dying_peers_stops_at_the_limit():
+    engines = [DyingEngine(SEQ, 0), DyingEngine(SEQ, 2), DyingEngine(SEQ[2:], 2)]
+    spare = FakeEngineClient(SEQ[4:])
+    async with cluster(engines[0], [engines[1], engines[2], spare], migration_limit=2) as (
+        p1,
+        _,
+        _,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50})
+        d = error_detail(ei.value)
+        assert d.http_status == 503 and d.code == "migration_failed"
+        assert d.message.startswith("migration") and "--migration-limit 2" in d.message
+        prompt = engines[0].requests[0].input_ids
+        # p2 made 2 tokens before it died; p3 continued after them, made 2, died: the limit.
+        assert engines[1].requests[0].input_ids == prompt
+        assert engines[2].requests[0].input_ids == prompt + SEQ[:2]
+        assert engines[2].requests[0].max_new_tokens == 48
+        assert spare.requests == []
+        assert _count(p1, "continued") == 2
+        assert _count(p1, "peer_failed") == 2
+        assert _count(p1, "refused_limit") == 1
+        rec = p1.records[0]
+        assert rec.token_ids == SEQ[:4] and rec.replicas == [(0, "p2"), (2, "p3")]
+
+
+async def test_migration_limit_zero_never_migrates():
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(DyingEngine(SEQ, 3), [peer_engine], migration_limit=0) as (p1, _, _):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50, "stream": True})
+        d = error_detail(ei.value)
+        assert d.code == "migration_failed" and "--migration-limit 0" in d.message
+        assert peer_engine.requests == []
+        assert _count(p1, "refused_limit") == 1
+
+
+@pytest.mark.parametrize("k", [3, 0])
+async def test_a_constrained_generation_moves_only_without_output(k):
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(DyingEngine(SEQ, k), [peer_engine]) as (p1, _, _):
+        body = {
+            "messages": MSG,
+            "max_tokens": 50,
+            "response_format": {"type": "regex", "regex": "[0-9]+"},
+            "stream": True,
+        }
+        if k:
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await p1.chat_stream(body)
+            d = error_detail(ei.value)
+            assert d.http_status == 503 and d.code == "migration_failed"
+            assert d.message.startswith("migration") and "constrained" in d.message
+            assert peer_engine.requests == []
+            assert _count(p1, "refused_constraint") == 1
+        else:
+            out = await p1.chat_stream(body)
+            assert _text(out) == p1.tok.decode(SEQ[:-1])
+            (cont,) = peer_engine.requests
+            assert cont.input_ids == p1.engine.requests[0].input_ids
+            assert cont.constraint == ("regex", "[0-9]+")
+
+
+async def test_several_choices_are_not_migrated():
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(DyingEngine(SEQ, 2), [peer_engine]) as (p1, _, _):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50, "n": 2})
+        d = error_detail(ei.value)
+        assert d.code == "migration_failed" and "n > 1" in d.message
+        assert peer_engine.requests == []
+        assert _count(p1, "refused_n") >= 1
+
+
+async def test_without_a_router_or_a_peer_the_request_fails_saying_why():
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(DyingEngine(SEQ, 2), [peer_engine], router=False) as (p1, _, _):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50})
+        d = error_detail(ei.value)
+        assert d.code == "migration_failed" and "--router-addr" in d.message
+    async with cluster(DyingEngine(SEQ, 2), [peer_engine]) as (p1, _, router):
+        # The only other replica is unhealthy: nobody to go to.
+        router.proxies[1].health = router_pb2.PROXY_HEALTH_UNHEALTHY
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50})
+        d = error_detail(ei.value)
+        assert d.code == "migration_failed" and "no other healthy replica" in d.message
+        assert peer_engine.requests == []
+        assert _count(p1, "no_peer") == 1
+
+
+async def test_an_engine_refusal_is_not_migrated():
+    first = FakeEngineClient(
+        SEQ, fail=EngineError("engine rejected the request: too long", status=400)
+    )
+    peer_engine = FakeEngineClient(SEQ)
+    async with cluster(first, [peer_engine]) as (p1, _, router):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await p1.chat({"messages": MSG, "max_tokens": 50, "stream": True})
+        assert error_detail(ei.value).http_status == 400
+        assert peer_engine.requests == [] and router.asked == []
+        assert all(_count(p1, o) == 0 for o in ("continued", "no_peer", "refused_limit"))
+
+
+async def test_a_draining_peer_is_skipped():
+    after = FakeEngineClient(SEQ[2:])
+    draining = FakeEngineClient(SEQ[2:])
+    async with cluster(DyingEngine(SEQ, 2), [draining, after]) as (p1, (p2, _p3), _):
+        p2.server.state.draining = True
+        out = await p1.chat_stream({"messages": MSG, "max_tokens": 50, "stream": True})
+        assert _text(out) == p1.tok.decode(SEQ[:-1])
+        assert draining.requests == [] and len(after.requests) == 1
+        assert p1.records[0].replicas == [(0, ""), (2, "p3")]
+        assert _count(p1, "peer_failed") == 1 and _count(p1, "continued") == 2
+
+
+async def test_the_client_going_away_aborts_the_peers_engine_request():
+    peer_engine = FakeEngineClient(SEQ[2:], delay=0.05)
+    async with cluster(DyingEngine(SEQ, 2), [peer_engine]) as (p1, (p2,), _):
+        body = {"messages": MSG, "max_tokens": 50, "stream": True}
+        task = asyncio.create_task(p1.chat_stream(body))
+        await wait_for(lambda: peer_engine.tokens_sent >= 2)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        (cont,) = peer_engine.requests
+        await wait_for(lambda: cont.rid in peer_engine.aborted)
+        await wait_for(lambda: not p2.server.controller.inflight)
+        assert peer_engine.tokens_sent < len(SEQ) - 2
