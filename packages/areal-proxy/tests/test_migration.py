@@ -7,15 +7,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
+import orjson
 import pytest
-from proxy_fakes import EOS, FakeEngineClient, Harness, error_detail, lp_of, start, wait_for
+from proxy_fakes import (
+    EOS,
+    FakeEngineClient,
+    Harness,
+    error_detail,
+    lp_of,
+    request,
+    start,
+    wait_for,
+)
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proxy.engine.base import EngineError, GenerationChunk, GenerationRequest
+from areal_proxy.engine.peer import request_from, sampling_json
+from areal_runtime.auth import TOKEN_ENV
+from areal_runtime.errors import InvalidRequest
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 60), EOS]  # 21 tokens, ends with the end-of-turn token
@@ -292,3 +306,41 @@ async def test_the_client_going_away_aborts_the_peers_engine_request():
         await wait_for(lambda: cont.rid in peer_engine.aborted)
         await wait_for(lambda: not p2.server.controller.inflight)
         assert peer_engine.tokens_sent < len(SEQ) - 2
+
+
+async def test_the_internal_token_travels_to_the_peer(monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    k = 3
+    peer_engine = FakeEngineClient(SEQ[k:])
+    async with cluster(DyingEngine(SEQ, k), [peer_engine]) as (p1, _, _):
+        # The test's own channel carries no token: P1 is called with it here.
+        md = (("x-areal-internal-token", "s3cret"),)
+        call = p1.stub.ChatCompletionStream(
+            request({"messages": MSG, "max_tokens": 50, "stream": True}), metadata=md
+        )
+        out = [orjson.loads(c.data) async for c in call]
+        assert _text(out) == p1.tok.decode(SEQ[:-1])
+        assert len(peer_engine.requests) == 1
+
+
+def test_the_sampling_travels_whole_and_unknown_fields_are_refused():
+    req = GenerationRequest(
+        input_ids=[1, 2],
+        max_new_tokens=9,
+        temperature=0.3,
+        top_k=5,
+        stop_token_ids=[2, 7],
+        seed=11,
+        top_logprobs=3,
+        constraint=("json_schema", '{"type": "object"}'),
+        extra={"custom_logit_processor": "x"},
+    )
+    msg = proxy_pb2.ContinueGenerationRequest(
+        input_ids=[1, 2, 40], max_new_tokens=8, sampling=sampling_json(req), top_logprobs=3
+    )
+    back = request_from(msg)
+    assert back == replace(req, input_ids=[1, 2, 40], max_new_tokens=8)
+    bad = orjson.loads(msg.sampling) | {"temperatur": 1.0}
+    msg.sampling = orjson.dumps(bad)
+    with pytest.raises(InvalidRequest, match="temperatur"):
+        request_from(msg)

@@ -123,9 +123,9 @@ class PeerEngine:
         lost = (err.code in _LOST_CODES) or (
             not has_detail and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         )
-        return EngineError(
-            f"peer proxy {self.proxy_id}: {err.message}", status=err.http_status, lost=lost
-        )
+        # Without a detail, from_rpc_error's message names the peer already.
+        message = f"peer proxy {self.proxy_id}: {err.message}" if has_detail else err.message
+        return EngineError(message, status=err.http_status, lost=lost)
 
     async def health(self) -> bool:
         return True  # the router's view of it decided that it was asked
