@@ -28,6 +28,7 @@ from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proxy.engine.base import EngineError, GenerationChunk, GenerationRequest
 from areal_proxy.engine.peer import request_from, sampling_json
+from areal_proxy.settings import load_settings
 from areal_runtime.auth import TOKEN_ENV
 from areal_runtime.errors import InvalidRequest
 
@@ -344,3 +345,13 @@ def test_the_sampling_travels_whole_and_unknown_fields_are_refused():
     msg.sampling = orjson.dumps(bad)
     with pytest.raises(InvalidRequest, match="temperatur"):
         request_from(msg)
+
+
+def test_the_migration_flags():
+    base = ["--engine-url", "http://127.0.0.1:1", "--model", "m", "--tokenizer-path", "x"]
+    s = load_settings(base)
+    assert (s.router_addr, s.migration_limit) == ("", 3) and s.problems() == []
+    s = load_settings([*base, "--router-addr", "10.0.0.1:7000", "--migration-limit", "0"])
+    assert (s.router_addr, s.migration_limit) == ("10.0.0.1:7000", 0) and s.problems() == []
+    s = load_settings([*base, "--router-addr", "router", "--migration-limit", "-1"])
+    assert s.problems() == ["--migration-limit must be >= 0", "--router-addr must be host:port"]

@@ -148,6 +148,8 @@ class Settings:
             out.append("--retention-seconds must be >= 0")
         if self.migration_limit < 0:
             out.append("--migration-limit must be >= 0")
+        if self.router_addr and ":" not in self.router_addr:
+            out.append("--router-addr must be host:port")
         return out
 
 
