@@ -158,6 +158,8 @@ def test_full_lifecycle_detached(clean):
     proxy_argv = s["components"]["m1-data-proxy-1"]["argv"]
     assert proxy_argv[-4:] == ["--request-timeout", "120", "--chat-template-type", "hf"]
     assert "--proxy-id" in proxy_argv and "m1-data-proxy-1" in proxy_argv
+    # Migration: a proxy asks the router (the gateway's address of it) for its peers.
+    assert proxy_argv[proxy_argv.index("--router-addr") + 1] == s["router"]["address"]
     engine_argv = s["components"]["m1-worker-0"]["argv"]
     assert "--device" in engine_argv and "cpu" in engine_argv  # SGLANG_CPU_ARGS: no GPU here
     gw_argv = s["components"]["gateway"]["argv"]

@@ -69,3 +69,33 @@ def test_scheduler_type_from_config_is_checked(home):
     (home / "inf" / "config.toml").write_text('[scheduler]\ntype = "k8s"\n')
     with pytest.raises(CLIError, match=r"invalid --scheduler 'k8s' \(choose from local, ray\)"):
         _run()
+
+
+def test_a_ray_units_proxy_is_given_the_routers_address(home, monkeypatch):
+    """Migration: a data proxy on any node asks the router for its peers, at the address
+    the router listens on with Ray (the CLI node's, recorded in the state)."""
+    from types import SimpleNamespace
+
+    from areal_cli import backend as bk
+    from areal_cli.inf import ray_units
+    from areal_cli.launcher import Launcher
+
+    state = {"router": {"address": "10.0.0.1:4567"}, "ray": {"shared_dir": ""}}
+    launcher = Launcher("inf", "s", state, {"AREAL_INTERNAL_TOKEN": "t"})
+    spec = SimpleNamespace(
+        name="m",
+        backend=bk.parse("sglang:d2"),
+        python=sys.executable,
+        model_path="/models/m",
+        tokenizer_path="/models/m",
+        engine_args="",
+        proxy_args="--migration-limit 1",
+        health_timeout=60.0,
+    )
+    opts = {"log_level": "info", "launch_timeout": 30.0}
+    unit = ray_units._unit(
+        launcher, spec, "areal-proxy", opts, [], "m-worker-1", "m-data-proxy-1", {}
+    )
+    argv = next(p["argv"] for p in unit["processes"] if p["name"] == "m-data-proxy-1")
+    assert argv[argv.index("--router-addr") + 1] == "10.0.0.1:4567"
+    assert argv[-2:] == ["--migration-limit", "1"]  # --proxy-args after it: they may override

@@ -364,12 +364,15 @@ def start_router_gateway(
     common_args: list[str],
     gateway_args: list[str],
     timeout: Callable[[], float],
+    router_host: str = "127.0.0.1",
 ) -> None:
     """The router, then the gateway pointed at it; both recorded in the state once ready
     (the gateway once it answers as healthy).
 
     `common_args` go to both after `--ready-file`, `gateway_args` to the gateway before
-    `--router-addr`; `timeout()` is asked before each wait (a group may count down).
+    `--router-addr`; `timeout()` is asked before each wait (a group may count down). The
+    router listens on `router_host`: loopback, or with Ray the CLI node's address, where the
+    data proxies on other nodes reach it (migration asks it for their peers).
     """
     from areal_cli.http import gateway_healthy  # urllib: not for the watchdog's start-up
 
@@ -378,9 +381,9 @@ def start_router_gateway(
     state_file = st.run_dir(launcher.group, launcher.service) / "router-state.json"
     if state_file.exists():
         state_file.unlink()  # a new service starts with an empty registry
-    argv = [router_bin, "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
+    argv = [router_bin, "--host", router_host, "--port", "0", "--ready-file", str(ready)]
     argv += [*common_args, "--policy", policy, "--state-file", str(state_file)]
-    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host="127.0.0.1")
+    proc, router = launcher.spawn("router", "router", argv, env=launcher.env, host=router_host)
     info: dict[str, Any] = {}
     launcher.wait_all([(proc, router, Launcher.ready_check(ready, proc.pid, info))], timeout())
     address = f"{info.get('host') or '127.0.0.1'}:{info['port']}"

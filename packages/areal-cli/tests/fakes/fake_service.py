@@ -202,6 +202,8 @@ def main() -> None:
             "--inf-gateway-url",
             "--inf-model",
             "--db-path",
+            "--router-addr",
+            "--migration-limit",
         ):
             p.add_argument(flag)
         a = p.parse_args(argv)

@@ -247,6 +247,7 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
             # Stable per service and proxy: a restarted proxy finds its recorded sessions.
             "--db-path",
             str(proxy_db_path(launcher.service, name)),
+            *router_addr_args(launcher),
             *shlex.split(spec.proxy_args),
         ]
         proc, comp = launcher.spawn(
@@ -268,6 +269,13 @@ def start_model(launcher: Launcher, spec: ModelSpec, proxy_bin: str, opts: dict[
         launcher.update(comp, port=int(info["port"]), address=address)
     launcher.save()
     return record
+
+
+def router_addr_args(launcher: Launcher) -> list[str]:
+    """`--router-addr` for a data proxy: the router's address, as the gateway has it, where
+    the proxy asks for its peers when its engine dies under a request (migration)."""
+    address = (launcher.state.get("router") or {}).get("address", "")
+    return ["--router-addr", address] if address else []
 
 
 def proxy_db_path(service: str, proxy: str) -> Path:
@@ -424,6 +432,9 @@ def run(cfg: Config, o: RunOptions) -> int:
             common_args=["--log-level", log_level],
             gateway_args=[],
             timeout=lambda: timeout,
+            # With Ray the data proxies on other nodes reach the router (migration): it
+            # listens on this node's address, over the service's mutual TLS.
+            router_host=ray_settings["driver_node"] if scheduler == "ray" else "127.0.0.1",
         )
         if spec is not None:
             record = start_model(launcher, spec, proxy_bin, opts)

@@ -14,6 +14,7 @@ from typing import Any
 
 from areal_cli import engines
 from areal_cli.cluster import ray_scheduler as rs
+from areal_cli.inf.launch import router_addr_args
 from areal_cli.launcher import Launcher, progress
 from areal_cli.supervisor import Component
 
@@ -154,6 +155,8 @@ def _unit(
         proxy,
         "--db-path",
         "{data}/" + proxy + ".sqlite",
+        # The router listens on the CLI's node address with Ray (inf/launch.py `run`).
+        *router_addr_args(launcher),
         *shlex.split(spec.proxy_args),
     ]
     return rs.unit_doc(
