@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -355,3 +356,21 @@ def test_the_migration_flags():
     assert (s.router_addr, s.migration_limit) == ("10.0.0.1:7000", 0) and s.problems() == []
     s = load_settings([*base, "--router-addr", "router", "--migration-limit", "-1"])
     assert s.problems() == ["--migration-limit must be >= 0", "--router-addr must be host:port"]
+
+
+async def test_requests_on_a_generate_stream_migrate_too():
+    from test_proxy_multiplex import CHAT, Mux, frame
+
+    k = 4
+    peer_engine = FakeEngineClient(SEQ[k:])
+    async with cluster(DyingEngine(SEQ, k), [peer_engine]) as (p1, _, _):
+        mux = Mux(p1.stub)
+        body = {"messages": MSG, "max_tokens": 50}
+        deadline = int((time.time() + 30) * 1000)
+        await mux.send(frame(1, CHAT, body, stream=True, deadline_ms=deadline))
+        await mux.wait(1)
+        assert not mux.results[1][-1].HasField("error")
+        assert _text(mux.chunks(1)) == p1.tok.decode(SEQ[:-1])
+        (cont,) = peer_engine.requests
+        assert cont.input_ids == p1.engine.requests[0].input_ids + SEQ[:k]
+        mux.call.cancel()
