@@ -14,10 +14,19 @@ gets the signal. Per row:
              `/rl/export_trajectories` of its session afterwards (must be 0);
 * restarts - the victim's restart count.
 
+The row "engine killed mid-stream (migration)" runs the same sessions with long streamed
+answers (`ignore_eos`, 48 tokens) and SIGKILLs an engine while streams are under way: its
+proxy continues each of them on the other replica (token-preserving migration): lost must
+be 0 and `mid_stream` (streams that had tokens and no end at the kill: finished normally /
+all) whole. Its `errors` are new turns of sessions pinned to the killed engine's proxy,
+refused (503) by the gateway while the router sees that proxy unhealthy (its engine fails
+the health check) until the watchdog has restarted the engine.
+
 After all rows `stop` runs and every recorded process group (and any process with this
 AREAL_HOME in its environment) must be gone: the orphan column.
 
     uv run python benchmarks/fault_table.py [--replicas 2] [--requests 240] [--json out.json]
+        [--skip-agent] [--only-migration]
 """
 
 from __future__ import annotations
@@ -91,11 +100,17 @@ def pgid_alive(pgid: int) -> bool:
 class Load:
     """16 threads of RL sessions (inf) or agent sessions (agent), bounded by count and time."""
 
-    def __init__(self, url: str, group: str, total: int, deadline: float) -> None:
+    def __init__(
+        self, url: str, group: str, total: int, deadline: float, stream: bool = False
+    ) -> None:
         self.url = url
         self.group = group
         self.total = total
         self.deadline = deadline
+        self.stream = stream
+        self.mid = 0  # streams that have tokens and no end yet
+        self.signal_at = float("inf")  # when the row's signal was sent
+        self.spanning: list[bool] = []  # per stream that had tokens at the signal: it finished
         self.sent = 0
         self.errors: list[str] = []
         self.acked: dict[str, list[str]] = {}  # session id -> acknowledged interaction ids
@@ -158,6 +173,9 @@ class Load:
             "messages": [{"role": "user", "content": f"hello number {turn}"}],
             "max_tokens": 4,
         }
+        if self.stream:
+            self._stream(c, sid, skey, {**body, "max_tokens": 48, "ignore_eos": True})
+            return
         try:
             r = c.post(
                 "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {skey}"}
@@ -170,6 +188,51 @@ class Load:
             return
         with self.lock:
             self.acked.setdefault(sid, []).append(r.json().get("id", ""))
+
+    def _stream(self, c: httpx.Client, sid: str, skey: str, body: dict[str, Any]) -> None:
+        """A streamed chat: acknowledged once it ends with a finish reason and no error event."""
+        rid, finish, error, mid, first = "", None, "", False, float("inf")
+        try:
+            with c.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={**body, "stream": True},
+                headers={"Authorization": f"Bearer {skey}"},
+            ) as r:
+                if r.status_code != 200:
+                    error = f"chat {r.status_code}: {r.read()[:120]!r}"
+                for line in r.iter_lines() if not error else ():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        error = f"stream error {chunk['error'].get('code')}"
+                        continue
+                    rid = chunk.get("id", rid)
+                    for ch in chunk.get("choices", []):
+                        finish = ch.get("finish_reason") or finish
+                    content = any((ch.get("delta") or {}).get("content") for ch in chunk["choices"])
+                    if not mid and content and not finish:
+                        mid, first = True, time.monotonic()
+                        with self.lock:
+                            self.mid += 1
+                    elif mid and finish:
+                        mid = False
+                        with self.lock:
+                            self.mid -= 1
+        except Exception as e:
+            error = f"chat: {e!r}"
+        if mid:
+            with self.lock:
+                self.mid -= 1
+        if first < self.signal_at < time.monotonic():
+            with self.lock:
+                self.spanning.append(bool(finish and not error))
+        if error or not finish:
+            self._err(error or "stream ended without a finish reason")
+            return
+        with self.lock:
+            self.acked.setdefault(sid, []).append(rid)
 
 
 def _export_with_retry(c: httpx.Client, sids: list[str], patience: float = 180.0) -> httpx.Response:
@@ -244,16 +307,28 @@ def healthy(a: Areal, group: str, url: str) -> bool:
 
 
 def run_row(
-    a: Areal, group: str, victim: str, sig: signal.Signals, requests: int, row_timeout: float
+    a: Areal,
+    group: str,
+    victim: str,
+    sig: signal.Signals,
+    requests: int,
+    row_timeout: float,
+    scenario: str = "",
+    stream: bool = False,
 ) -> dict[str, Any]:
     s = a.state(group)
     url = s["gateway"]["url"]
     comp = s["components"][victim]
-    load = Load(url, group, requests, time.monotonic() + row_timeout)
+    load = Load(url, group, requests, time.monotonic() + row_timeout, stream=stream)
     load.start()
     time.sleep(2.0)
+    if stream:  # the signal lands while streams are under way
+        wait = time.monotonic() + 30
+        while load.mid < CONCURRENCY // 2 and time.monotonic() < wait:
+            time.sleep(0.05)
     t0 = time.monotonic()
     os.killpg(comp["pgid"], sig)
+    load.signal_at = t0
     back = None
     while time.monotonic() - t0 < row_timeout:
         time.sleep(0.25)
@@ -281,6 +356,9 @@ def run_row(
         (a.state(group)["components"][victim].get("meta") or {}).get("supervision") or {}
     ).get("restarts", 0)
     return {
+        "scenario": scenario or f"{sig.name} {victim}",
+        # streams under way at the signal: finished normally / all of them
+        "mid_stream": f"{sum(load.spanning)}/{len(load.spanning)}" if stream else "n/a",
         "service": group,
         "victim": victim,
         "signal": sig.name,
@@ -320,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=240, help="per row")
     p.add_argument("--row-timeout", type=float, default=150.0)
     p.add_argument("--skip-agent", action="store_true")
+    p.add_argument(
+        "--only-migration", action="store_true", help="only the engine-killed-mid-stream row"
+    )
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="areal-faults-"))
@@ -349,13 +430,24 @@ def main(argv: list[str] | None = None) -> int:
             (f"{MODEL}-worker-1", signal.SIGKILL),
             (f"{MODEL}-data-proxy-1", signal.SIGSTOP),
         ]
-        for victim, sig in plan:
+        for victim, sig in [] if a_.only_migration else plan:
             print(f"row: {sig.name} {victim}", file=sys.stderr, flush=True)
             rows.append(run_row(a, "inf", victim, sig, a_.requests, a_.row_timeout))
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             seen |= all_pgids(a, "inf")
+        if a_.replicas > 1:
+            scenario = "engine killed mid-stream (migration)"
+            print(f"row: {scenario}", file=sys.stderr, flush=True)
+            victim = f"{MODEL}-worker-0"
+            rows.append(
+                run_row(
+                    a, "inf", victim, signal.SIGKILL, a_.requests, a_.row_timeout, scenario, True
+                )
+            )
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+            seen |= all_pgids(a, "inf")
         orphan_report["inf"] = orphans(a, "inf", seen)
-        if not a_.skip_agent:
+        if not (a_.skip_agent or a_.only_migration):
             r = a(
                 "agent", "run", "--agent", "examples.agents.echo.EchoAgent", "--num-pairs", "2",
                 "--admin-api-key", KEY, "--health-poll-interval", "0.5",
@@ -395,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = [
+        "scenario",
         "service",
         "victim",
         "signal",
@@ -404,6 +497,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "healthy_after_s",
         "lost",
         "restarts",
+        "mid_stream",
         "orphans_after_stop",
     ]
     table = [[str(r.get(h)) for h in head] for r in rows]
