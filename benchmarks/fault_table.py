@@ -359,6 +359,8 @@ def run_row(
         "scenario": scenario or f"{sig.name} {victim}",
         # streams under way at the signal: finished normally / all of them
         "mid_stream": f"{sum(load.spanning)}/{len(load.spanning)}" if stream else "n/a",
+        # the killed engine's proxy's decisions (continued = moved to the other replica)
+        "migrations": migrations(a, victim.replace("-worker-", "-data-proxy-")) if stream else {},
         "service": group,
         "victim": victim,
         "signal": sig.name,
@@ -370,6 +372,21 @@ def run_row(
         "lost": lost,
         "restarts": restarts,
     }
+
+
+def migrations(a: Areal, proxy: str) -> dict[str, int]:
+    """`areal_proxy_migrations_total` of an inf proxy, by outcome (its metrics port)."""
+    try:
+        info = json.loads((a.home / "inf" / "run" / "default" / f"{proxy}.ready").read_text())
+        body = httpx.get(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=10).text
+    except (OSError, ValueError, KeyError, httpx.HTTPError):
+        return {}
+    out: dict[str, int] = {}
+    for line in body.splitlines():
+        if line.startswith("areal_proxy_migrations_total{"):
+            head, _, value = line.rpartition(" ")
+            out[head.split('outcome="', 1)[1].split('"', 1)[0]] = int(float(value))
+    return out
 
 
 def orphans(a: Areal, group: str, pgids: set[int]) -> list[int]:
@@ -474,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         orphan_report["processes_with_home"] = leftover
     for row in rows:
+        row["migrated"] = row.get("migrations", {}).get("continued", "n/a")
         row["orphans_after_stop"] = len(orphan_report.get(row["service"], [])) + len(
             orphan_report["processes_with_home"]
         )
@@ -498,6 +516,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "lost",
         "restarts",
         "mid_stream",
+        "migrated",
         "orphans_after_stop",
     ]
     table = [[str(r.get(h)) for h in head] for r in rows]
