@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from stack import ADMIN_KEY, launch, start_stack  # noqa: E402
-from vs_smg import MODEL, chat_body, run_load  # noqa: E402
+from stack import ADMIN_KEY  # noqa: E402
+from vs_smg import chat_body, run_load, start_fake_engine, start_quiet_stack  # noqa: E402
 
 from areal_cli import supervisor  # noqa: E402
 
@@ -102,31 +102,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="areal-profile-"))
-    engine = launch(
-        "fake-engine",
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "fake_engine.py"),
-            "--tokens",
-            str(args.tokens),
-            "--model-id",
-            MODEL,
-        ],
-        tmp,
-        {},
-    )
-    engine_url = f"http://127.0.0.1:{engine.info['port']}"
-    quiet = ["--log-level", "warning"]
+    engine, engine_url = start_fake_engine(tmp, args.tokens)
     try:
-        stack = start_stack(
-            tmp,
-            engine_url,
-            ROOT / "models" / "tiny-parrot",
-            n_proxies=1,
-            gateway_args=quiet,
-            proxy_args=quiet,
-            router_args=quiet,
-        )
+        stack = start_quiet_stack(tmp, engine_url)
     except BaseException:
         supervisor.terminate([[engine.comp]], grace=2, procs={engine.popen.pid: engine.popen})
         raise

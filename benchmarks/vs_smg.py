@@ -274,6 +274,38 @@ async def run_load(
     return out
 
 
+def start_fake_engine(tmp: Path, tokens: int):
+    """The zero-cost fake engine answering `tokens` tokens for the model MODEL, and its URL."""
+    engine = launch(
+        "fake-engine",
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "fake_engine.py"),
+            "--tokens",
+            str(tokens),
+            "--model-id",
+            MODEL,
+        ],
+        tmp,
+        {},
+    )
+    return engine, f"http://127.0.0.1:{engine.info['port']}"
+
+
+def start_quiet_stack(tmp: Path, engine_url: str):
+    """areal's router, gateway and one proxy in front of `engine_url`, logging warnings only."""
+    quiet = ["--log-level", "warning"]
+    return start_stack(
+        tmp,
+        engine_url,
+        ROOT / "models" / MODEL,
+        n_proxies=1,
+        gateway_args=quiet,
+        proxy_args=quiet,
+        router_args=quiet,
+    )
+
+
 def chat_body(stream: bool, tokens: int) -> bytes:
     return orjson.dumps(
         {
@@ -420,32 +452,11 @@ def main() -> int:
     )
     smg_binary = ensure_smg() if "smg" in whos else None
     tmp = Path(tempfile.mkdtemp(prefix="areal-vs-smg-"))
-    engine = launch(
-        "fake-engine",
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "fake_engine.py"),
-            "--tokens",
-            str(args.tokens),
-            "--model-id",
-            MODEL,
-        ],
-        tmp,
-        {},
-    )
-    engine_url = f"http://127.0.0.1:{engine.info['port']}"
+    engine, engine_url = start_fake_engine(tmp, args.tokens)
     stack = smg = None
     try:
         if {"admin", "recorded"} & set(whos):
-            stack = start_stack(
-                tmp,
-                engine_url,
-                ROOT / "models" / MODEL,
-                n_proxies=1,
-                gateway_args=["--log-level", "warning"],
-                proxy_args=["--log-level", "warning"],
-                router_args=["--log-level", "warning"],
-            )
+            stack = start_quiet_stack(tmp, engine_url)
         if smg_binary is not None:
             smg = start_smg(smg_binary, engine_url, tmp)
         engine_pids = {"engine": [engine.popen.pid]}
