@@ -533,6 +533,57 @@ class ControlResponse(_message.Message):
 Global___ControlResponse: _TypeAlias = ControlResponse  # noqa: Y015
 
 @_typing.final
+class RetireRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAIN_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    drain_timeout_s: _builtins.float
+    """Seconds requests already on the engine may take to finish before they are moved."""
+    def __init__(
+        self,
+        *,
+        drain_timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain_timeout_s", b"drain_timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetireRequest: _TypeAlias = RetireRequest  # noqa: Y015
+
+@_typing.final
+class RetireResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINISHED_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    finished: _builtins.int
+    """Requests that finished on this proxy's engine during the drain."""
+    moved: _builtins.int
+    """Requests moved to another replica when the drain timed out."""
+    failed: _builtins.int
+    """Requests that could not move (they failed with `migration_failed`, saying why)."""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        finished: _builtins.int = ...,
+        moved: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "finished", b"finished", "message", b"message", "moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetireResponse: _TypeAlias = RetireResponse  # noqa: Y015
+
+@_typing.final
 class GetStatsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -562,6 +613,7 @@ class ProxyStats(_message.Message):
     ENGINE_URL_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     TOTAL_REQUESTS_FIELD_NUMBER: _builtins.int
+    RETIRED_FIELD_NUMBER: _builtins.int
     healthy: _builtins.bool
     draining: _builtins.bool
     paused: _builtins.bool
@@ -573,6 +625,10 @@ class ProxyStats(_message.Message):
     engine_url: _builtins.str
     detail: _builtins.str
     total_requests: _builtins.int
+    retired: _builtins.bool
+    """Retired (Retire): it generates on other replicas' engines and reports `draining`, so
+    the router sends it only the turns of sessions pinned to it.
+    """
     def __init__(
         self,
         *,
@@ -587,10 +643,11 @@ class ProxyStats(_message.Message):
         engine_url: _builtins.str = ...,
         detail: _builtins.str = ...,
         total_requests: _builtins.int = ...,
+        retired: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "draining", b"draining", "engine_url", b"engine_url", "healthy", b"healthy", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "model", b"model", "paused", b"paused", "sessions", b"sessions", "total_requests", b"total_requests", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "draining", b"draining", "engine_url", b"engine_url", "healthy", b"healthy", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "model", b"model", "paused", b"paused", "retired", b"retired", "sessions", b"sessions", "total_requests", b"total_requests", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

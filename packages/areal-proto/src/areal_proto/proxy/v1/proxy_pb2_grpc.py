@@ -117,6 +117,11 @@ class InferenceProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.FromString,
                 _registered_method=True)
+        self.Retire = channel.unary_unary(
+                '/areal.proxy.v1.InferenceProxyService/Retire',
+                request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceProxyServiceServicer:
@@ -250,6 +255,19 @@ class InferenceProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Retire(self, request, context):
+        """Graceful drain of this replica (the gateway's `/admin/retire`, `areal inf deregister
+        --replica`). New generations stop going to this proxy's engine at once: they run on
+        another replica's engine through ContinueGeneration, recorded here as before. Requests
+        already on the engine get `drain_timeout_s` to finish; those still running then are
+        moved the same way (token-preserving migration). Answers once nothing runs on the
+        engine, which may then be stopped. The proxy stays: sessions pinned to it keep their
+        turns, rewards and exports. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -332,6 +350,11 @@ def add_InferenceProxyServiceServicer_to_server(servicer, server):
                     servicer.ContinueGeneration,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.SerializeToString,
+            ),
+            'Retire': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retire,
+                    request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -768,6 +791,33 @@ class InferenceProxyService:
             '/areal.proxy.v1.InferenceProxyService/ContinueGeneration',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationRequest.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.ContinueGenerationStep.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.InferenceProxyService/Retire',
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.RetireResponse.FromString,
             options,
             channel_credentials,
             insecure,

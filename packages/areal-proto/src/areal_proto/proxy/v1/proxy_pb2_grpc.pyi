@@ -97,6 +97,15 @@ class InferenceProxyServiceStub:
     `draining` while this proxy drains (the caller tries its next peer). Cancelling the
     call aborts the engine request.
     """
+    Retire: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.RetireRequest, _proxy_pb2.RetireResponse]
+    """Graceful drain of this replica (the gateway's `/admin/retire`, `areal inf deregister
+    --replica`). New generations stop going to this proxy's engine at once: they run on
+    another replica's engine through ContinueGeneration, recorded here as before. Requests
+    already on the engine get `drain_timeout_s` to finish; those still running then are
+    moved the same way (token-preserving migration). Answers once nothing runs on the
+    engine, which may then be stopped. The proxy stays: sessions pinned to it keep their
+    turns, rewards and exports. Idempotent.
+    """
 
 @_typing.type_check_only
 class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
@@ -155,6 +164,15 @@ class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
     records nothing: the caller owns the request and its recording. Refused with
     `draining` while this proxy drains (the caller tries its next peer). Cancelling the
     call aborts the engine request.
+    """
+    Retire: _aio.UnaryUnaryMultiCallable[_proxy_pb2.RetireRequest, _proxy_pb2.RetireResponse]  # type: ignore[assignment]
+    """Graceful drain of this replica (the gateway's `/admin/retire`, `areal inf deregister
+    --replica`). New generations stop going to this proxy's engine at once: they run on
+    another replica's engine through ContinueGeneration, recorded here as before. Requests
+    already on the engine get `drain_timeout_s` to finish; those still running then are
+    moved the same way (token-preserving migration). Answers once nothing runs on the
+    engine, which may then be stopped. The proxy stays: sessions pinned to it keep their
+    turns, rewards and exports. Idempotent.
     """
 
 class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -307,6 +325,21 @@ class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         records nothing: the caller owns the request and its recording. Refused with
         `draining` while this proxy drains (the caller tries its next peer). Cancelling the
         call aborts the engine request.
+        """
+
+    @_abc_1.abstractmethod
+    def Retire(
+        self,
+        request: _proxy_pb2.RetireRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.RetireResponse, _abc.Awaitable[_proxy_pb2.RetireResponse]]:
+        """Graceful drain of this replica (the gateway's `/admin/retire`, `areal inf deregister
+        --replica`). New generations stop going to this proxy's engine at once: they run on
+        another replica's engine through ContinueGeneration, recorded here as before. Requests
+        already on the engine get `drain_timeout_s` to finish; those still running then are
+        moved the same way (token-preserving migration). Answers once nothing runs on the
+        engine, which may then be stopped. The proxy stays: sessions pinned to it keep their
+        turns, rewards and exports. Idempotent.
         """
 
 def add_InferenceProxyServiceServicer_to_server(servicer: InferenceProxyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
