@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from areal_cli import state as st
+from areal_cli import supervisor
 
 
 def _port() -> int:
@@ -195,6 +196,31 @@ def test_full_lifecycle_detached(clean):
     assert r.code == 0 and "gateway listening" in r.out
     r = f.cli("inf", "logs", "--service", "default", "--component", "nope")
     assert r.code == 1 and "available: gateway, m1-data-proxy-0" in r.err
+
+    # Scale-down: replica 1 of m1 is drained (the gateway retires its proxy), its engine
+    # stopped; its proxy stays, to be restarted retired.
+    before = st.load("inf", "default")["components"]
+    r = f.cli("inf", "deregister", "--model-name", "m1", "--replica", "1", "--drain-timeout", "0")
+    assert r.code == 0, r.err
+    assert "2 request(s) finished on its engine, 1 moved" in r.out
+    s = st.load("inf", "default")
+    assert "m1-worker-1" not in s["components"] and "m1-worker-0" in s["components"]
+    assert s["components"]["m1-data-proxy-1"]["argv"][-1] == "--retired"
+    assert not supervisor.group_alive(supervisor.Component.from_dict(before["m1-worker-1"]))
+    assert supervisor.Component.from_dict(s["components"]["m1-data-proxy-1"]).alive()
+    (m1,) = [
+        m for m in json.loads(f.cli("inf", "models", "--json").out)["models"] if m["name"] == "m1"
+    ]
+    assert [r["retired"] for r in m1["replicas"]] == [False, True]
+    r = f.cli("inf", "deregister", "--model-name", "m1", "--replica", "1")
+    assert r.code == 0 and "already retired" in r.out
+    r = f.cli("inf", "deregister", "--model-name", "m1", "--replica", "0")
+    assert r.code == 1 and "last serving replica" in r.err and "--model-name m1" in r.err
+    r = f.cli("inf", "deregister", "--model-name", "m1", "--replica", "7")
+    assert r.code == 2 and "no replica 7 (replicas: 0, 1)" in r.err
+    r = f.cli("inf", "deregister", "--model-name", "m1", "--replica", "0", "--drain-timeout", "-1")
+    assert r.code == 2
+    assert "m1-worker-0" in st.load("inf", "default")["components"]
 
     r = f.cli("inf", "deregister", "--service", "default", "--model-name", "m2")
     assert r.code == 0, r.err

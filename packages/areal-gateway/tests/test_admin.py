@@ -279,3 +279,15 @@ def test_deregister_external(http: httpx.Client, admin_headers, external: str) -
         json={"model": external, "messages": MESSAGES},
     )
     assert r.status_code == 404
+
+
+def test_retire_checks_its_worker_and_timeout_before_anything(
+    stack: Stack, http: httpx.Client, admin_headers
+) -> None:
+    """The graceful drain of one worker (real proxies answer it: tests/e2e/test_drain.py)."""
+    r = http.post("/admin/workers/nobody/retire", headers=admin_headers, json={})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "worker_not_found"
+    r = http.post("/admin/workers/nobody/retire", headers=admin_headers, json={"drain_timeout": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "drain_timeout"
+    r = http.post("/admin/workers/nobody/retire", json={})
+    assert r.status_code == 401

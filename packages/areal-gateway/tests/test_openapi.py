@@ -34,6 +34,7 @@ INFERENCE_OPERATIONS = {
     ("POST", "/admin/continue"),
     ("POST", "/admin/set_version"),
     ("POST", "/admin/update_weights"),
+    ("POST", "/admin/workers/{proxy_id}/retire"),
     ("POST", "/rl/start_session"),
     ("POST", "/rl/set_reward"),
     ("POST", "/rl/end_session"),
@@ -58,6 +59,7 @@ AGENT_OPERATIONS = {
 OPTIONAL_BODIES = {
     "/admin/pause",
     "/admin/continue",
+    "/admin/workers/{proxy_id}/retire",
     "/rl/start_session",
     "/rl/end_session",
     "/rl/export_trajectories",

@@ -232,7 +232,7 @@ def test_bind_errors():
     assert reg.pins == {}
 
 
-def test_pinned_to_unhealthy_or_draining_proxy_fails_fast_naming_the_session():
+def test_pinned_to_unhealthy_proxy_fails_fast_naming_the_session():
     reg = make_registry(a=2)
     router = Router(reg)
     proxy = router.bind(["sess-42"], "a")
@@ -241,13 +241,25 @@ def test_pinned_to_unhealthy_or_draining_proxy_fails_fast_naming_the_session():
         router.route("a", session_id="sess-42")
     assert status_of(exc) == 503
     assert "sess-42" in exc.value.message and proxy.proxy_id in exc.value.message
-    report(reg, proxy.proxy_id, draining=True)
-    with pytest.raises(ServiceError) as exc:
-        router.route("a", session_id="sess-42")
-    assert "draining" in exc.value.message
     # Healthy again: the session goes back to its proxy.
     report(reg, proxy.proxy_id)
     assert router.route("a", session_id="sess-42").proxy is proxy
+
+
+def test_draining_proxy_keeps_its_pinned_sessions_but_takes_no_new_one():
+    """A retired replica (graceful drain) serves its own sessions' turns on other engines;
+    new sessions and unpinned requests go to the healthy replicas only."""
+    reg = make_registry(a=2)
+    router = Router(reg)
+    proxy = router.bind(["sess-42"], "a")
+    report(reg, proxy.proxy_id, healthy=False, draining=True)
+    assert router.route("a", session_id="sess-42").proxy is proxy
+    other = next(p for p in reg.proxies.values() if p is not proxy)
+    for _ in range(4):
+        assert router.route("a").proxy is other
+        assert router.route("a", session_id="new-session").proxy is other
+    router.bind(["sess-43"], "a")
+    assert reg.pins["sess-43"] == other.proxy_id
 
 
 def test_pinned_session_for_another_model_is_refused():

@@ -87,6 +87,11 @@ class Handler(BaseHTTPRequestHandler):
             health = os.environ.get("FAKE_PAIR_HEALTH", "healthy")
             PAIRS[body["proxy_id"]] = {**body, "model": "agent", "kind": "agent", "health": health}
             self._send(201, {**body, "model": "agent"})
+        elif self.path.startswith("/admin/workers/") and self.path.endswith("/retire"):
+            if self._admin():
+                proxy_id = self.path.split("/")[3]
+                out = {"proxy_id": proxy_id, "model": "", "finished": 2, "moved": 1, "failed": 0}
+                self._send(200, {**out, "message": "retired"})
         elif self.path == "/admin/models" and self._admin():
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             if body["name"] in MODELS:

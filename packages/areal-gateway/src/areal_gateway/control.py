@@ -1,4 +1,5 @@
-"""Generation control for trainers (admin key): pause, continue, set version, update weights.
+"""Generation control for trainers (admin key): pause, continue, set version, update weights;
+and the graceful drain of one worker (retire).
 
 Each applies to every inference proxy, to one model's (`model`), or to one worker
 (`worker`: a proxy id), in parallel. Pause aborts in-flight generations at the engines;
@@ -19,6 +20,8 @@ from areal_gateway.runtime import Gateway
 from areal_gateway.schemas import (
     ControlResult,
     ControlTarget,
+    RetiredWorker,
+    RetireRequest,
     SetVersionRequest,
     UpdateWeightsRequest,
 )
@@ -111,3 +114,36 @@ async def update_weights(body: UpdateWeightsRequest, gw: GatewayDep, _: AdminKey
     """pause -> the engines load `path` -> version + 1 (or `version`) -> continue."""
     req = proxy_pb2.UpdateWeightsRequest(path=body.path, version=body.version)
     return await _apply(gw, "update_weights", req, body)
+
+
+# The drain itself is bounded by the request's drain_timeout; this is for what follows it
+# (evacuated requests leaving the engine, the answer).
+_RETIRE_SLACK_S = 30.0
+
+
+@router.post("/admin/workers/{proxy_id}/retire", response_model=RetiredWorker)
+async def retire(
+    proxy_id: str,
+    gw: GatewayDep,
+    _: AdminKey,
+    body: Annotated[RetireRequest, Body(default_factory=RetireRequest)],
+) -> Response:
+    """Graceful drain of one replica: no new work reaches its engine, the requests on it get
+    `drain_timeout` seconds to finish, then move to another replica (token-preserving
+    migration). Answers once nothing runs on the engine, which may then be stopped. The
+    worker stays, serving the turns, rewards and exports of the sessions pinned to it on the
+    other replicas' engines. Idempotent."""
+    (proxy,) = await _targets(gw, ControlTarget(worker=proxy_id))
+    client = gw.proxies.get(proxy.address)
+    req = proxy_pb2.RetireRequest(drain_timeout_s=body.drain_timeout)
+    out = await client.retire(req, body.drain_timeout + _RETIRE_SLACK_S)
+    return json_response(
+        {
+            "proxy_id": proxy.proxy_id,
+            "model": proxy.model,
+            "finished": out.finished,
+            "moved": out.moved,
+            "failed": out.failed,
+            "message": out.message,
+        }
+    )

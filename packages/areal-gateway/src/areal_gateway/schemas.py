@@ -209,6 +209,25 @@ class ControlResult(_Response):
     version: int | None = Field(description="the highest version reported; null if none")
 
 
+class RetireRequest(_Request):
+    drain_timeout: float = Field(
+        30.0,
+        ge=0,
+        le=86400,
+        description="seconds the requests on the worker's engine may take to finish before "
+        "they move to another replica",
+    )
+
+
+class RetiredWorker(_Response):
+    proxy_id: str
+    model: str
+    finished: int = Field(description="requests that finished on the engine during the drain")
+    moved: int = Field(description="requests moved to another replica at the drain timeout")
+    failed: int = Field(description="requests that could not move (migration_failed)")
+    message: str
+
+
 # --- RL API (rl.py) ----------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
+from areal_proxy.migration import Retired
 
 if TYPE_CHECKING:
     from areal_proxy.migration import Migrator
@@ -151,6 +152,10 @@ class GenerationController:
         # Engine request id -> the peer carrying it, while an attempt runs on a peer (an
         # abort by id goes there, not to this proxy's engine).
         self._peer_rids: dict[str, EngineClient] = {}
+        # Retired (graceful drain, `retire`): attempts start on peers, never on this proxy's
+        # engine; `_on_engine` holds the requests with an attempt running on it (rec.rid).
+        self.retired = False
+        self._on_engine: set[str] = set()
 
     # ---- state -------------------------------------------------------------------------
 
@@ -164,6 +169,29 @@ class GenerationController:
 
     def set_version(self, version: int) -> None:
         self.version = version
+
+    @property
+    def on_engine(self) -> int:
+        """Requests with an attempt running on this proxy's engine now."""
+        return len(self._on_engine)
+
+    # ---- retirement (graceful drain) -----------------------------------------------------
+
+    def retire(self) -> None:
+        """From now on every attempt starts on a peer (migration.py); attempts already on
+        this proxy's engine go on until they finish or `evacuate` moves them."""
+        if not self.retired:
+            self.retired = True
+            log.info(
+                "retired: new attempts run on other replicas (%d on the engine)", self.on_engine
+            )
+
+    async def evacuate(self) -> int:
+        """Abort every attempt still on this proxy's engine: each one's request then moves to
+        a peer with the tokens it has (or fails `migration_failed` where it may not move)."""
+        rids = [r.engine_rid for rid in self._on_engine if (r := self.inflight.get(rid))]
+        await asyncio.gather(*(self._abort(e) for e in rids if e))
+        return len(rids)
 
     # ---- control -----------------------------------------------------------------------
 
@@ -180,6 +208,11 @@ class GenerationController:
 
         A proxy that was paused before stays paused: whoever paused it continues it.
         """
+        if self.retired:
+            # Its requests run on peers, stamped with the peers' versions; the number kept
+            # here is what this proxy reports, kept in step with the others.
+            self.version = self.version + 1 if version < 0 else version
+            return self.version
         update = getattr(self.engine, "update_weights_from_disk", None)
         if update is None:
             raise EngineError("this engine client cannot update weights from disk", status=409)
@@ -204,7 +237,9 @@ class GenerationController:
         self._running.clear()
         try:
             pause = getattr(self.engine, "pause", None)
-            if pause is not None:
+            if self.retired and not self._on_engine:
+                pass  # nothing on its engine (which may be gone); peers pause their own
+            elif pause is not None:
                 await pause(mode="abort")
             else:  # an engine without pause: abort our own requests one by one
                 await asyncio.gather(
@@ -225,7 +260,11 @@ class GenerationController:
             return
         resume = getattr(self.engine, "resume", None)
         if resume is not None:
-            await resume()  # on failure the proxy stays paused, as the engine is
+            try:
+                await resume()  # on failure the proxy stays paused, as the engine is
+            except EngineError:
+                if not self.retired:  # a retired proxy's engine may be gone: nothing to do
+                    raise
         self._paused = False
         self._running.set()
         log.info("generation continued (%d waiting)", len(self.inflight))
@@ -312,6 +351,9 @@ class GenerationController:
             raise err
         return await self.migrator.next_engine(rec, template, engine, err, tried)
 
+    def _retired_here(self, engine: EngineClient) -> bool:
+        return self.retired and engine is self.engine
+
     async def stream(
         self, rec: GenerationRecord, template: GenerationRequest
     ) -> AsyncGenerator[Step, None]:
@@ -335,20 +377,33 @@ class GenerationController:
                 rec.finish_reason = "length"
                 yield Step([], [], [], "length")
                 return
+            if self._retired_here(engine):
+                engine = await self._migrate(rec, template, engine, Retired(), tried)
             epoch = self._pause_epoch
             # Weights change only while paused, and a pause ends every attempt: all tokens of
             # this attempt come from the weights current now, however late they are read. A
             # peer's tokens carry the version the peer made them with.
             version = self.version
             req = self._attempt(rec, template, engine)
+            local = engine is self.engine
+            if local:
+                self._on_engine.add(rec.rid)
             resubmit = False
             try:
                 async with aclosing(engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
                     async for chunk in chunks:
                         by_pause = self._by_pause(chunk.finish_reason, epoch)
+                        # Aborted by `evacuate`: the request moves on with what it has.
+                        moved = (
+                            local
+                            and self.retired
+                            and not by_pause
+                            and chunk.finish_reason == "abort"
+                        )
                         ids, lps, tops = chunk.token_ids, chunk.logprobs, chunk.top_logprobs
                         if (
                             by_pause
+                            or moved
                             or len(lps) != len(ids)
                             or (want_tops and len(tops) != len(ids))
                         ):
@@ -370,6 +425,11 @@ class GenerationController:
                             rec.add(ids, lps, tops, _version(chunk.weight_version), chunk.replica)
                         else:
                             rec.add(ids, lps, tops, version)
+                        if moved:
+                            if ids:
+                                sent = True
+                                yield Step(ids, lps, tops)
+                            raise Retired()
                         if by_pause:
                             if ids:
                                 yield Step(ids, lps, tops)
@@ -392,6 +452,8 @@ class GenerationController:
                 continue
             finally:
                 self._peer_rids.pop(req.rid or "", None)
+                if local:
+                    self._on_engine.discard(rec.rid)
             log.debug("request %s aborted by pause after %d tokens", rec.rid, len(rec.token_ids))
 
     async def generate(self, rec: GenerationRecord, template: GenerationRequest) -> None:
@@ -405,18 +467,27 @@ class GenerationController:
                 return
             epoch = self._pause_epoch
             version = self.version  # as in stream(): the attempt's weights
+            tried: set[str] = set()
+            if self.retired:
+                await self._finish_on_peer(rec, template, Retired(), tried)
+                return
+            self._on_engine.add(rec.rid)
             try:
                 res = await self.engine.generate(self._attempt(rec, template))
             except EngineError as e:
                 # A whole answer that died left nothing usable: the peer generates from the
                 # prompt + whatever tokens earlier (paused) attempts kept.
-                tried: set[str] = set()
-                peer = await self._migrate(rec, template, self.engine, e, tried)
-                async with aclosing(self._stream_on(rec, template, peer, tried)) as steps:
-                    async for _ in steps:
-                        pass
+                await self._finish_on_peer(rec, template, e, tried)
                 return
+            finally:
+                self._on_engine.discard(rec.rid)
             by_pause = self._by_pause(res.finish_reason, epoch)
+            if not by_pause and self.retired and res.finish_reason == "abort":
+                # Evacuated: what it made is kept, the rest is generated on a peer.
+                ids, lps, tops = _aligned(res.token_ids, res.logprobs, res.top_logprobs, want_tops)
+                rec.add(ids, lps, tops, version)
+                await self._finish_on_peer(rec, template, Retired(), tried)
+                return
             if by_pause and template.constraint is not None:
                 rec.restart()
                 continue
@@ -426,6 +497,15 @@ class GenerationController:
                 rec.finish_reason = res.finish_reason
                 rec.matched_stop = getattr(res, "matched_stop", None)
                 return
+
+    async def _finish_on_peer(
+        self, rec: GenerationRecord, template: GenerationRequest, err: EngineError, tried: set[str]
+    ) -> None:
+        """The rest of a whole answer, streamed from a peer (or `err` / why it may not move)."""
+        peer = await self._migrate(rec, template, self.engine, err, tried)
+        async with aclosing(self._stream_on(rec, template, peer, tried)) as steps:
+            async for _ in steps:
+                pass
 
 
 def _version(weight_version: str) -> int:

@@ -57,6 +57,18 @@ class MigrationFailed(EngineError):
         super().__init__(message, status=503)
 
 
+class Retired(EngineError):
+    """Why a retired proxy's request runs elsewhere: its engine was handed back (graceful
+    drain), which moves a request as a lost engine does."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this replica is retired (graceful drain): its engine takes no more work",
+            status=503,
+            lost=True,
+        )
+
+
 class Migrator:
     """Peers and the decision to move a request to one; one per proxy."""
 
@@ -83,9 +95,12 @@ class Migrator:
         self._lock = asyncio.Lock()
         # By address: one channel per peer, kept for the life of the proxy.
         self._engines: dict[str, PeerEngine] = {}
+        # Decisions by outcome since start (a drain reports the refusals made during it).
+        self.counts: dict[str, int] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _count(self, outcome: str) -> None:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if self.on_outcome is not None:
             self.on_outcome(outcome)
 
@@ -163,7 +178,9 @@ class Migrator:
                 len(rec.token_ids),
                 err,
             )
-        if rec.together > 1:
+        # Choices generated together stay together; a retired proxy's new request has none
+        # under way, so each of its choices starts on a peer.
+        if rec.together > 1 and not (isinstance(err, Retired) and not rec.token_ids):
             self._refuse(
                 rec,
                 err,

@@ -24,6 +24,7 @@ from areal_proxy.output_parsing import check_parsers
 from areal_proxy.recorder import Recorder
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
+from areal_proxy.retirement import drain
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
@@ -98,8 +99,13 @@ class ProxyServer:
         )
         self.controller.migrator = self.migrator
         self.state = ProxyState(
-            model=settings.model, engine_url=settings.engine_url, proxy_id=settings.proxy_id
+            model=settings.model,
+            engine_url=settings.engine_url,
+            proxy_id=settings.proxy_id,
+            retired=settings.retired,
         )
+        if settings.retired:
+            self.controller.retire()
         # Huge prompts that cannot fit are found by a child process (screen.py), started
         # when the first one arrives.
         self.screen = Offload(
@@ -180,6 +186,10 @@ class ProxyServer:
         return self.port
 
     async def _check_engine(self) -> None:
+        if self.state.retired:
+            # Its engine was handed back (and is stopped): nothing to check.
+            self.state.engine_detail = "retired"
+            return
         ok = await self.engine.health()
         if ok != self.state.engine_healthy:
             log.log(
@@ -238,12 +248,20 @@ class ProxyServer:
         self.state.draining = True
         await self.health.enter_graceful_shutdown()
         log.info("draining %d request(s) for up to %gs", self.servicer.active, s.drain_timeout)
-        # 2. Let in-flight requests finish.
+        # 2. Let in-flight requests finish; what is still on the engine then moves to
+        #    another replica (when one takes it: every replica stops at `areal inf stop`)
+        #    and gets another drain timeout there.
         if not await self.servicer.wait_idle(s.drain_timeout):
-            log.warning(
-                "%d request(s) still running after the drain timeout: cancelled",
-                self.servicer.active,
-            )
+            if s.router_addr and s.migration_limit and self.controller.on_engine:
+                await drain(self.controller, 0.0)
+                idle = await self.servicer.wait_idle(s.drain_timeout)
+            else:
+                idle = False
+            if not idle:
+                log.warning(
+                    "%d request(s) still running after the drain timeout: cancelled",
+                    self.servicer.active,
+                )
         # 3. Multiplexed streams end (they would otherwise hold the server's grace period);
         #    then stop the server: calls still running are cancelled (engine requests aborted).
         self.servicer.close_streams()

@@ -29,6 +29,7 @@ from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording.claims import ExportClaims
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
+from areal_proxy.retirement import drain
 from areal_runtime.errors import (
     Conflict,
     DeadlineExceeded,
@@ -64,6 +65,9 @@ class ProxyState:
     engine_healthy: bool = False
     engine_detail: str = "engine not checked yet"
     draining: bool = False
+    # Retired (graceful drain, retirement.py): its engine takes no work; it reports
+    # `draining` so the router sends it only the turns of sessions pinned to it.
+    retired: bool = False
 
 
 def _service_error(exc: BaseException) -> ServiceError:
@@ -385,6 +389,26 @@ class ProxyServicer(
 
         return await self._control("UpdateWeights", context, act)
 
+    async def Retire(self, request: Any, context: Any) -> proxy_pb2.RetireResponse:
+        """Graceful drain of this replica (retirement.py); idempotent."""
+        timeout = float(request.drain_timeout_s)
+        try:
+            if not timeout >= 0:  # NaN too
+                raise InvalidRequest("drain_timeout_s must be >= 0", param="drain_timeout")
+            if self.state.draining:
+                raise Draining("this proxy is shutting down")
+            self.state.retired = True
+            out = await drain(self.controller, timeout)
+        except Exception as e:
+            err = self._error(e)
+            self._count("Retire", str(err.http_status))
+            await abort(context, err)
+            raise AssertionError("unreachable") from e
+        self._count("Retire", "200")
+        return proxy_pb2.RetireResponse(
+            finished=out.finished, moved=out.moved, failed=out.failed, message=out.message
+        )
+
     # ---- RL sessions -------------------------------------------------------------------
 
     def _sessions(self) -> SessionBook:
@@ -559,10 +583,16 @@ class ProxyServicer(
 
     async def GetStats(self, request: Any, context: Any) -> proxy_pb2.ProxyStats:
         st = self.state
-        detail = "draining" if st.draining else ("" if st.engine_healthy else st.engine_detail)
+        if st.draining:
+            detail = "draining"
+        elif st.retired:
+            detail = "retired: generating on other replicas for the sessions pinned here"
+        else:
+            detail = "" if st.engine_healthy else st.engine_detail
         return proxy_pb2.ProxyStats(
             healthy=st.engine_healthy,
-            draining=st.draining,
+            draining=st.draining or st.retired,
+            retired=st.retired,
             paused=self.controller.paused,
             version=self.controller.version,
             inflight_requests=len(self.controller.inflight),

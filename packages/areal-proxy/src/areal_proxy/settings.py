@@ -70,6 +70,13 @@ class Settings:
             "(0 = never migrate)"
         },
     )
+    retired: bool = field(
+        default=False,
+        metadata={
+            "help": "start retired (graceful drain done): generate on other replicas' engines "
+            "only, serving the sessions pinned here (the CLI restarts a retired proxy so)"
+        },
+    )
 
     # RL recording (inference mode).
     db_path: str = field(

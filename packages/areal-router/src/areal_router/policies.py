@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from areal_router.registry import EXTERNAL, HEALTH_NAMES, ModelState, ProxyState, Registry
+from areal_router.registry import (
+    DRAINING,
+    EXTERNAL,
+    HEALTH_NAMES,
+    ModelState,
+    ProxyState,
+    Registry,
+)
 from areal_runtime.errors import (
     InvalidRequest,
     NoHealthyReplica,
@@ -253,7 +260,10 @@ class Router:
                 code="session_model_mismatch",
                 param="model",
             )
-        if not proxy.routable:
+        # A draining proxy takes no new session, but its own sessions' turns still go there:
+        # a retired one (graceful drain) serves them on other replicas' engines, and one
+        # shutting down refuses them itself.
+        if not proxy.routable and proxy.health != DRAINING:
             raise Unavailable(
                 f"session {session_id!r} is pinned to proxy {proxy.proxy_id!r}, which is "
                 f"{HEALTH_NAMES.get(proxy.health, 'unknown')}"

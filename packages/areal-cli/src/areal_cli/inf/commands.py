@@ -156,11 +156,34 @@ def deregister(
     ctx: typer.Context,
     model_name: Annotated[str, typer.Option("--model-name", help="The model to remove.")],
     service: Service = None,
+    replica: Annotated[
+        int | None,
+        typer.Option(
+            "--replica",
+            min=0,
+            help="Drain and stop only this replica (its rank) of the model: a scale-down.",
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            "--drain-timeout",
+            min=0,
+            help="With --replica: seconds the requests on its engine may take to finish "
+            "before they move to another replica.",
+        ),
+    ] = 30.0,
 ) -> None:
-    """Remove a model from the gateway, then stop its data proxies and engines."""
+    """Remove a model from the gateway, then stop its data proxies and engines; with
+    --replica, drain one replica and stop its engine."""
+    cfg = sc.load_config(GROUP, ctx)
+    if replica is not None:
+        from areal_cli.inf import drain
+
+        raise typer.Exit(drain.deregister_replica(cfg, service, model_name, replica, drain_timeout))
     from areal_cli.inf import launch
 
-    raise typer.Exit(launch.deregister(sc.load_config(GROUP, ctx), service, model_name))
+    raise typer.Exit(launch.deregister(cfg, service, model_name))
 
 
 @app.command()

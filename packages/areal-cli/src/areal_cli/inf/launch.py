@@ -617,6 +617,7 @@ def models(cfg: Config, service: str | None, as_json: bool) -> int:
                     "data_proxy_alive": bool(p and p.alive()),
                     "address": r.get("address"),
                     "engine_url": r.get("engine_url"),
+                    "retired": bool(r.get("retired")),
                 }
             )
         out.append(
@@ -646,14 +647,18 @@ def models(cfg: Config, service: str | None, as_json: bool) -> int:
     rows = []
     for m in out:
         healthy = sum(1 for w in m["workers"] if str(w.get("health", "")).lower() == "healthy")
-        alive = sum(1 for r in m["replicas"] if r["worker_alive"] and r["data_proxy_alive"])
-        n = len(m["replicas"]) or len(m["workers"])
+        serving = [r for r in m["replicas"] if not r["retired"]]
+        retired = len(m["replicas"]) - len(serving)
+        alive = sum(1 for r in serving if r["worker_alive"] and r["data_proxy_alive"])
+        n = len(serving) or len(m["workers"])
         rows.append(
             [
                 m["name"],
                 m["kind"],
                 m["backend"] or m["base_url"] or "-",
-                f"{alive}/{n} alive" + (f", {healthy} healthy" if m["workers"] else ""),
+                f"{alive}/{n} alive"
+                + (f", {healthy} healthy" if m["workers"] else "")
+                + (f", {retired} retired" if retired else ""),
                 "yes" if m["registered"] else "no",
             ]
         )

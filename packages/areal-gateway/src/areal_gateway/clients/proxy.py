@@ -509,6 +509,11 @@ class ProxyClient:
         }[action]
         return await self._call(method, request, timeout_s)
 
+    async def retire(
+        self, request: proxy_pb2.RetireRequest, timeout_s: float
+    ) -> proxy_pb2.RetireResponse:
+        return await self._call(self._stub.Retire, request, timeout_s)
+
 
 class ProxyPool:
     """One `ProxyClient` (one channel) per proxy address, made on first use and reused."""
