@@ -22,6 +22,12 @@ all) whole. Its `errors` are new turns of sessions pinned to the killed engine's
 refused (503) by the gateway while the router sees that proxy unhealthy (its engine fails
 the health check) until the watchdog has restarted the engine.
 
+The row "replica drained" runs the same streaming load and then `areal inf deregister
+--replica 1 --drain-timeout 2` (a scale-down): no request may fail (errors 0), the streams
+under way all finish (moved to replica 0 with their tokens when they outlast the 2 s), lost
+0; `healthy` is how long the command took; replica 1's proxy stays (retired), its engine is
+stopped. It has no restarts (n/a).
+
 After all rows `stop` runs and every recorded process group (and any process with this
 AREAL_HOME in its environment) must be gone: the orphan column.
 
@@ -315,7 +321,10 @@ def run_row(
     row_timeout: float,
     scenario: str = "",
     stream: bool = False,
+    drain: str = "",
 ) -> dict[str, Any]:
+    """One row: `sig` to `victim`'s process group under load; or, with `drain` (a replica's
+    rank), `areal inf deregister --replica <drain>` under load (victim: its data proxy)."""
     s = a.state(group)
     url = s["gateway"]["url"]
     comp = s["components"][victim]
@@ -327,9 +336,18 @@ def run_row(
         while load.mid < CONCURRENCY // 2 and time.monotonic() < wait:
             time.sleep(0.05)
     t0 = time.monotonic()
-    os.killpg(comp["pgid"], sig)
     load.signal_at = t0
     back = None
+    if drain:
+        r = a(
+            "inf", "deregister", "--model-name", MODEL, "--replica", drain, "--drain-timeout", "2"
+        )
+        if r.returncode != 0:
+            load.errors.append(f"deregister: {r.stderr.strip()[:160]}")
+        else:
+            print(f"  {r.stdout.strip()}", file=sys.stderr, flush=True)
+    else:
+        os.killpg(comp["pgid"], sig)
     while time.monotonic() - t0 < row_timeout:
         time.sleep(0.25)
         if healthy(a, group, url):
@@ -352,9 +370,11 @@ def run_row(
             time.sleep(0.5)
         ids = exported_ids(url, list(load.acked))
         lost = sum(1 for v in load.acked.values() for i in v if i not in ids)
-    restarts = (
-        (a.state(group)["components"][victim].get("meta") or {}).get("supervision") or {}
-    ).get("restarts", 0)
+    restarts: int | str = "n/a"
+    if not drain:
+        restarts = (
+            (a.state(group)["components"][victim].get("meta") or {}).get("supervision") or {}
+        ).get("restarts", 0)
     return {
         "scenario": scenario or f"{sig.name} {victim}",
         # streams under way at the signal: finished normally / all of them
@@ -363,7 +383,7 @@ def run_row(
         "migrations": migrations(a, victim.replace("-worker-", "-data-proxy-")) if stream else {},
         "service": group,
         "victim": victim,
-        "signal": sig.name,
+        "signal": "deregister --replica" if drain else sig.name,
         "requests": load.sent,
         "acked": acked,
         "errors": len(load.errors),
@@ -416,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-timeout", type=float, default=150.0)
     p.add_argument("--skip-agent", action="store_true")
     p.add_argument(
-        "--only-migration", action="store_true", help="only the engine-killed-mid-stream row"
+        "--only-migration",
+        action="store_true",
+        help="only the engine-killed-mid-stream and replica-drained rows",
     )
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
@@ -463,6 +485,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             seen |= all_pgids(a, "inf")
+            # Graceful drain of replica 1 under the same streaming load: what is on its
+            # engine after 2 s moves to replica 0, its proxy stays for its sessions.
+            scenario = "replica drained"
+            print(f"row: {scenario}", file=sys.stderr, flush=True)
+            victim = f"{MODEL}-data-proxy-1"
+            drained = run_row(
+                a, "inf", victim, signal.SIGTERM, a_.requests, a_.row_timeout, scenario,
+                stream=True, drain="1",
+            )  # fmt: skip
+            rows.append(drained)
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
         orphan_report["inf"] = orphans(a, "inf", seen)
         if not (a_.skip_agent or a_.only_migration):
             r = a(

@@ -24,241 +24,44 @@ The service runs without supervision: a watchdog restarting the killed engine wo
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-from testpaths import PARROT, ROOT
+from cli_service import Areal, cli_service, sglang_missing
+from migration_calls import MAX_TOKENS, MODEL, Call, lp_entries, messages_of, output, run_call
+from testpaths import PARROT
 from tokenizers import Tokenizer
 
-from areal_cli import engines, supervisor
-from areal_cli.errors import CLIError
-
-MODEL = "tiny"
 ADMIN_KEY = "migration-admin-key"
-MAX_TOKENS = 200
 STREAMS = 8
 WHOLE = 8
-SCHEMA = {
-    "type": "object",
-    # Longer than 200 tokens can write: the grammar is still open when the engine dies.
-    "properties": {"text": {"type": "string", "minLength": 1500}},
-    "required": ["text"],
-    "additionalProperties": False,
-}
-
-
-def _engine_missing() -> bool:
-    try:
-        engines.resolve_python("sglang")
-    except CLIError:
-        return True
-    return False
 
 
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.skipif(_engine_missing(), reason="no SGLang engine installed"),
+    pytest.mark.skipif(sglang_missing(), reason="no SGLang engine installed"),
 ]
-
-
-class Areal:
-    """`areal ...` as a user runs it, with a private AREAL_HOME and this venv's bin on PATH."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = {k: v for k, v in os.environ.items() if k != "AREAL_ADMIN_API_KEY"}
-        self.env["AREAL_HOME"] = str(home)
-        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU engine's default arguments
-
-    def __call__(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "areal_cli.main", *args],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=timeout,
-            cwd=ROOT,
-        )
-
-    def status(self) -> dict[str, Any]:
-        r = self("inf", "status", "--json", timeout=60)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
-
-    def processes(self) -> list[int]:
-        return supervisor.processes_with_env(f"AREAL_HOME={self.home}")
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    a = Areal(tmp_path_factory.mktemp("home"))
-    r = a(
-        "inf", "run",
+    with cli_service(
+        tmp_path_factory.mktemp("home"),
         "--model", MODEL,
         "--backend", "sglang:d2",
         "--model-path", str(PARROT),
         # Room for all 19 sequences at once (the CPU default, 4096, queues some of them).
         "--engine-args", "--max-total-tokens 16384",
-        "--port", "0",
         "--admin-api-key", ADMIN_KEY,
         "--no-supervise",
-        "--detach",
-    )  # fmt: skip
-    try:
-        assert r.returncode == 0, r.stderr
-        doc = a.status()
-        yield a, doc["gateway"]["url"]
-    finally:
-        pgids = {c["pgid"] for c in _components(a).values() if c.get("pgid")}
-        stop = a("inf", "stop", "--grace", "10", timeout=120)
-        deadline = time.monotonic() + 20
-        while (left := [g for g in pgids if _group_alive(g)]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in a.processes():
-            os.kill(pid, signal.SIGKILL)
-        assert stop.returncode == 0, stop.stderr
-        assert not left, f"process groups left running after stop: {left}"
-
-
-def _components(a: Areal) -> dict[str, Any]:
-    try:
-        return json.loads((a.home / "inf" / "services" / "default.json").read_text())["components"]
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def _group_alive(pgid: int) -> bool:
-    """A live (not zombie) process is in the group."""
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                rest = Path(f"/proc/{d}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(rest[2]) == pgid and rest[0] != b"Z":
-                return True
-    return False
-
-
-# ----------------------------------------------------------------------------- clients
-
-
-@dataclass
-class Call:
-    """One in-flight request: what came back and when."""
-
-    session: dict[str, str]
-    kind: str  # stream | whole | constrained | n2
-    status: int = 0
-    chunks: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    body: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def token_chunks(self) -> list[tuple[float, dict[str, Any]]]:
-        return [(t, c) for t, c in self.chunks if _lp_entries(c) or _content(c)]
-
-    def content(self) -> str:
-        if self.kind in ("whole", "n2"):
-            return self.body["choices"][0]["message"]["content"] or ""
-        return "".join(_content(c) for _, c in self.chunks)
-
-    def logprobs(self) -> list[float]:
-        if self.kind in ("whole", "n2"):
-            return [e["logprob"] for e in self.body["choices"][0]["logprobs"]["content"]]
-        return [e["logprob"] for _, c in self.chunks for e in _lp_entries(c)]
-
-    def finish(self) -> str | None:
-        if self.kind in ("whole", "n2"):
-            return self.body["choices"][0]["finish_reason"]
-        done = [ch["finish_reason"] for _, c in self.chunks for ch in c.get("choices", [])]
-        return next((f for f in done if f), None)
-
-    def usage(self) -> dict[str, Any]:
-        if self.kind in ("whole", "n2"):
-            return self.body["usage"]
-        return next(c["usage"] for _, c in self.chunks if c.get("usage"))
-
-
-def _content(chunk: dict[str, Any]) -> str:
-    return "".join((ch.get("delta") or {}).get("content") or "" for ch in chunk.get("choices", []))
-
-
-def _lp_entries(chunk: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for ch in chunk.get("choices", []):
-        out += (ch.get("logprobs") or {}).get("content") or []
-    return out
-
-
-def _messages(session_id: str, first_answer: str) -> list[dict[str, str]]:
-    return [
-        {"role": "user", "content": f"first turn of {session_id}"},
-        {"role": "assistant", "content": first_answer},
-        {"role": "user", "content": "now a long one"},
-    ]
-
-
-async def _run(client: httpx.AsyncClient, call: Call, first_answer: str) -> None:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": _messages(call.session["session_id"], first_answer),
-        "max_tokens": MAX_TOKENS,
-        "temperature": 1.0,
-    }
-    if call.kind != "constrained":
-        # The parrot repeats its last token; the penalties make it move on every few tokens,
-        # so a token dropped or repeated at the seam changes the text and the logprobs.
-        body |= {
-            "ignore_eos": True,
-            "logprobs": True,
-            "frequency_penalty": 2.0,
-            "presence_penalty": 2.0,
-            "temperature": 2.0,
-        }
-    if call.kind == "constrained":
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "t", "schema": SCHEMA},
-        }
-    if call.kind == "n2":
-        body["n"] = 2
-    headers = {"Authorization": f"Bearer {call.session['session_api_key']}"}
-    if call.kind in ("whole", "n2"):
-        call.started.set()
-        r = await client.post("/v1/chat/completions", json=body, headers=headers)
-        call.status, call.body = r.status_code, r.json()
-        call.error = call.body.get("error")
-        return
-    body |= {"stream": True, "stream_options": {"include_usage": True}}
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-        call.status = r.status_code
-        if r.status_code != 200:
-            call.error = json.loads(await r.aread()).get("error")
-            call.started.set()
-            return
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                call.error = chunk["error"]
-                continue
-            call.chunks.append((time.monotonic(), chunk))
-            if len(call.token_chunks()) >= 3:
-                call.started.set()
-    call.started.set()
+    ) as running:  # fmt: skip
+        yield running
 
 
 @dataclass
@@ -295,7 +98,7 @@ async def _scenario(a: Areal, url: str) -> Outcome:
                 "/v1/chat/completions",
                 json={
                     "model": MODEL,
-                    "messages": _messages(s["session_id"], "")[:1],
+                    "messages": messages_of(s["session_id"], "")[:1],
                     "max_tokens": 3,
                     "temperature": 0,
                 },
@@ -312,7 +115,8 @@ async def _scenario(a: Areal, url: str) -> Outcome:
         kinds = ["stream"] * STREAMS + ["whole"] * WHOLE + ["constrained", "n2"]
         calls = [Call(s, k) for s, k in zip(sessions, kinds, strict=True)]
         tasks = [
-            asyncio.create_task(_run(client, c, f[1])) for c, f in zip(calls, firsts, strict=True)
+            asyncio.create_task(run_call(client, c, f[1]))
+            for c, f in zip(calls, firsts, strict=True)
         ]
         t0 = time.monotonic()
         waiting = asyncio.gather(*(c.started.wait() for c in calls))
@@ -365,13 +169,6 @@ def _rows_of(o: Outcome, session_id: str) -> list[dict[str, Any]]:
     return [r for r in o.rows if r["session_id"] == session_id]
 
 
-def _output(row: dict[str, Any]) -> tuple[int, list[int], list[float]]:
-    """(index of the first output position, output ids, their logprobs)."""
-    pos = [i for i, m in enumerate(row["loss_mask"]) if m]
-    assert pos == list(range(pos[0], pos[0] + len(pos))), "output positions are not one run"
-    return pos[0], [row["input_ids"][i] for i in pos], [row["logprobs"][i] for i in pos]
-
-
 # ----------------------------------------------------------------------------- tests
 
 
@@ -388,7 +185,7 @@ def test_streams_lose_and_repeat_no_token(outcome, tok):
     for c in _migrated(outcome):
         rid = c.body["id"] if c.kind == "whole" else c.chunks[0][1]["id"]
         [row] = [r for r in outcome.rows if r["interaction_id"] == rid]
-        _, ids, lps = _output(row)
+        _, ids, lps = output(row)
         assert len(c.logprobs()) == c.usage()["completion_tokens"] == len(ids) == MAX_TOKENS
         assert lps == pytest.approx(c.logprobs(), abs=1e-4), c.kind
         assert c.content() == tok.decode(ids), c.kind  # special tokens skipped, as served
@@ -404,20 +201,20 @@ def test_export_has_every_acknowledged_interaction_once_with_its_replicas(outcom
         sid = c.session["session_id"]
         rows = {r["interaction_id"]: r for r in _rows_of(o, sid)}
         first = rows.pop(o.first_ids[sid])  # acknowledged before the kill: kept
-        start, _, _ = _output(first)
+        start, _, _ = output(first)
         assert first["replicas"] == [[start, o.proxy]], first["replicas"]
         if c.kind in ("constrained", "n2"):
             assert not rows, f"{c.kind}: a failed turn was recorded: {list(rows)}"
             continue
         [row] = rows.values()  # exactly one interaction for the request
         assert row["reward"] == o.rewards[sid]
-        start, out, lps = _output(row)
+        start, out, lps = output(row)
         assert len(out) == len(lps) == MAX_TOKENS
         runs = row["replicas"]
         assert runs[0][0] == start and runs[-1][1] == o.other, runs
         if c.kind == "stream":
             # P made what the client had before the kill (and what was on its way), Q the rest.
-            before = sum(len(_lp_entries(ch)) for t, ch in c.chunks if t < o.kill_at)
+            before = sum(len(lp_entries(ch)) for t, ch in c.chunks if t < o.kill_at)
             assert [r[1] for r in runs] == [o.proxy, o.other], runs
             assert before <= runs[1][0] - start < MAX_TOKENS, (before, runs)
         else:
