@@ -2,7 +2,8 @@
 
 `POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (and their
 aliases) are the hot path; the Responses endpoint is a translation onto the chat path
-(openai/responses/).
+(openai/responses/), and so is Anthropic's `POST /v1/messages` (anthropic/), which takes its
+key from `x-api-key` too and answers errors in Anthropic's shape.
 Through FastAPI each request would pass some ten ASGI layers (error middleware, telemetry, body
 limit, exception handlers, exit stack, router, request/response wrapper), each wrapping
 `send` once more. `GenerationFastPath` sits in front of the app and is the only implementation
@@ -21,8 +22,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from areal_gateway.auth import bearer_key
-from areal_gateway.metrics import endpoint_label
+from areal_gateway.anthropic import endpoint as messages
+from areal_gateway.anthropic.errors import error_response as anthropic_error
+from areal_gateway.auth import Principal, bearer_key
 from areal_gateway.openai import screen
 from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
@@ -38,7 +40,13 @@ from areal_gateway.openai.forward import (
 from areal_gateway.openai.responses import endpoint as responses
 from areal_gateway.openai.responses.store import ResponseStore
 from areal_gateway.runtime import Gateway
-from areal_runtime.errors import InternalError, PayloadTooLarge, ServiceError
+from areal_runtime.errors import (
+    InternalError,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthenticated,
+)
 from areal_runtime.offload import OffloadFailed
 
 log = logging.getLogger(__name__)
@@ -53,7 +61,20 @@ _ENDPOINTS: dict[str, tuple[Endpoint, Any]] = {
     "/completions": (COMPLETIONS, check_completion),
     "/v1/responses": (responses.RESPONSES, None),
     "/responses": (responses.RESPONSES, None),
+    "/v1/messages": (messages.MESSAGES, None),
+    # Anthropic's token counter needs the model's tokenizer, which only the proxy holds:
+    # answered here, in Anthropic's shape, as not served (docs/services.md).
+    "/v1/messages/count_tokens": (messages.COUNT_TOKENS, None),
 }
+# Endpoints of Anthropic's API: key from x-api-key too, errors in Anthropic's shape.
+_ANTHROPIC = (messages.MESSAGES, messages.COUNT_TOKENS)
+
+
+def _error(endpoint: Endpoint, err: ServiceError) -> tuple[int, bytes]:
+    """(status, body) of an error answered before generation, in the endpoint's protocol."""
+    if endpoint in _ANTHROPIC:
+        return anthropic_error(err)
+    return err.http_status, error_body(err)
 
 
 class GenerationFastPath:
@@ -122,15 +143,14 @@ class GenerationFastPath:
             code="method_not_allowed",
         )
         headers = [(b"content-type", b"application/json"), (b"allow", b"POST")]
-        await _whole(send, 405, headers, error_body(err))
-        found = _ENDPOINTS.get(scope["path"])
-        label = "responses" if found and found[0] is responses.RESPONSES else None
-        self._count(label or endpoint_label(scope["path"]), 405)
+        endpoint = _ENDPOINTS[scope["path"]][0]
+        await _whole(send, 405, _error(endpoint, err)[1], headers)
+        self._count(endpoint.label, 405)
 
     async def _generate(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        label = "responses" if endpoint is responses.RESPONSES else endpoint_label(scope["path"])
+        label = endpoint.label
         inflight, latency = self._metrics(label)
         status = 500
         started = False
@@ -151,7 +171,7 @@ class GenerationFastPath:
                 headers = [(b"content-type", b"application/json")]
                 if isinstance(err, PayloadTooLarge):  # the rest of the body is never read
                     headers.append((b"connection", b"close"))
-                await _whole(send_counted, err.http_status, headers, error_body(err))
+                await _whole(send_counted, *_error(endpoint, err), headers)
                 return
             await response(scope, receive, send_counted)
             if status == 200:
@@ -162,7 +182,7 @@ class GenerationFastPath:
                 raise
             internal = InternalError("Internal error in the gateway.")
             await _whole(
-                send_counted, 500, [(b"content-type", b"application/json")], error_body(internal)
+                send_counted, *_error(endpoint, internal), [(b"content-type", b"application/json")]
             )
         finally:
             inflight.dec()
@@ -176,20 +196,31 @@ class GenerationFastPath:
         scope (the first occurrence of each, as Starlette's `Headers.get`)."""
         gw = self.gateway
         assert gw is not None
-        auth = length = rid = None
+        auth = length = rid = api_key = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if auth is None:
                     auth = value.decode("latin-1")
+            elif name == b"x-api-key":
+                if api_key is None:
+                    api_key = value.decode("latin-1").strip() or None
             elif name == b"content-length":
                 if length is None:
                     length = value.decode("latin-1")
             elif name == b"x-request-id" and rid is None:
                 rid = value.decode("latin-1")
-        principal = gw.auth.authenticate(bearer_key(auth))
+        if endpoint in _ANTHROPIC:
+            principal = self._anthropic_principal(api_key, auth)
+        else:
+            principal = gw.auth.authenticate(bearer_key(auth))
+        if endpoint is messages.COUNT_TOKENS:
+            raise NotFound(
+                "POST /v1/messages/count_tokens is not served by areal (the tokenizer is the "
+                "proxy's); a /v1/messages answer's usage counts its tokens."
+            )
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
         if (
-            endpoint is not responses.RESPONSES
+            endpoint in (CHAT, COMPLETIONS)
             and len(body) > screen.SCREEN_MIN_BODY
             and not self._continues_session(principal.session_id, len(body))
         ):
@@ -210,11 +241,26 @@ class GenerationFastPath:
         doc = parse_object(body)
         if endpoint is responses.RESPONSES:
             return responses.prepare(gw, self.responses, principal, choose_request_id(rid), doc)
+        if endpoint is messages.MESSAGES:
+            return messages.prepare(gw, principal, choose_request_id(rid), doc)
         model, stream = parse_model_and_stream(doc)
         check(doc)
         return GenerationResponse(
             gw, endpoint, principal, choose_request_id(rid), model, stream, body, doc
         )
+
+    def _anthropic_principal(self, api_key: str | None, auth: str | None) -> Principal:
+        """Anthropic's clients send the key as `x-api-key` (or, given a token, as a bearer)."""
+        assert self.gateway is not None
+        try:
+            return self.gateway.auth.authenticate(api_key or bearer_key(auth))
+        except Unauthenticated as err:
+            if err.code != "missing_api_key":
+                raise
+            raise Unauthenticated(
+                "Missing API key: send 'x-api-key: <key>' (or 'Authorization: Bearer <key>').",
+                code="missing_api_key",
+            ) from None
 
     async def _screened(
         self, endpoint: Endpoint, body: bytes
@@ -231,7 +277,7 @@ class GenerationFastPath:
         return screen.answer_of(raw)
 
 
-async def _whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+async def _whole(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
