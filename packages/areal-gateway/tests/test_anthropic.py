@@ -22,6 +22,8 @@ import orjson
 import pytest
 from conftest import ADMIN_KEY, MAX_BODY, Stack
 from fakes import PROXY_SERVICES, start_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from areal_gateway.anthropic.request import translate
 from areal_gateway.anthropic.response import matched_stop
@@ -812,3 +814,84 @@ def test_other_methods_and_count_tokens(stack: Stack) -> None:
     _assert_error(r, 404, "not_found_error", "count_tokens is not served")
     r = httpx.post(stack.url + "/v1/messages/count_tokens", json={})
     _assert_error(r, 401, "authentication_error")
+
+
+# --- fuzz: no body is a 500, every error is Anthropic's shape -------------------------------
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+BLOCK = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            ["text", "tool_use", "tool_result", "thinking", "image", "redacted_thinking", "x"]
+        )
+        | JSON
+    },
+    optional={
+        "text": st.text(max_size=5) | JSON,
+        "id": st.sampled_from(["c1", ""]) | JSON,
+        "tool_use_id": st.just("c1") | JSON,
+        "name": st.just("get_weather") | JSON,
+        "input": st.just({"city": "x"}) | JSON,
+        "content": st.text(max_size=5) | JSON,
+        "thinking": st.text(max_size=5) | JSON,
+    },
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool"]) | JSON},
+    optional={"content": st.text(max_size=5) | st.lists(BLOCK, max_size=3) | JSON},
+)
+BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.just("a-text") | JSON,
+        "max_tokens": st.integers(-1, 4) | JSON,
+        "messages": st.lists(MESSAGE, max_size=3) | JSON,
+        "system": st.text(max_size=4) | st.lists(BLOCK, max_size=2) | JSON,
+        "stream": st.booleans() | JSON,
+        "stop_sequences": st.lists(st.text(max_size=3), max_size=5) | JSON,
+        "tools": st.lists(st.just(WEATHER) | JSON, max_size=2) | JSON,
+        "tool_choice": st.sampled_from([{"type": "any"}, {"type": "tool", "name": "x"}]) | JSON,
+        "thinking": st.just({"type": "enabled", "budget_tokens": 1024}) | JSON,
+        "temperature": st.floats(-1, 2) | JSON,
+        "top_k": st.integers(-2, 5) | JSON,
+        "metadata": JSON,
+        "output_config": JSON,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(BODY)
+def test_translate_refuses_any_body_with_a_400_or_translates_it(doc: dict) -> None:
+    try:
+        t = translate(doc)
+    except InvalidRequest as err:
+        assert err.http_status == 400 and err.message
+        return
+    assert t.chat["messages"] and t.chat["max_tokens"] >= 1
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(BODY)
+def test_no_body_is_a_500_through_the_gateway(
+    stack: Stack, scripted: ScriptedProxy, doc: dict
+) -> None:
+    r = _post(stack, doc)
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        _assert_error(r, r.status_code, r.json()["error"]["type"])
