@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import orjson
 
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InvalidRequest, ServiceError
 
 # HTTP status of the gateway's error -> (Anthropic's status, its error type).
 _MAPPED = {
@@ -56,3 +56,12 @@ def error_response(err: ServiceError) -> tuple[int, bytes]:
 def error_event(err: ServiceError) -> bytes:
     """The `error` event that ends a stream whose headers already went out."""
     return b"event: error\ndata: " + orjson.dumps(error_doc(err)) + b"\n\n"
+
+
+def invalid(path: str, message: str) -> InvalidRequest:
+    """A 400 whose message starts with the field's path, as Anthropic's do."""
+    return InvalidRequest(f"{path}: {message}" if path else message, param=path or None)
+
+
+def unsupported(path: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{path}: {message}", code="unsupported_parameter", param=path)
