@@ -163,3 +163,47 @@ def test_agent_mode_env_settings_port_in_use_and_sigint(stack: Stack, tmp_path: 
         assert time.monotonic() - t0 < 5
     finally:
         stop(proc)
+
+
+def test_two_gateways_share_one_port_each_with_its_own(stack: Stack, tmp_path: Path) -> None:
+    """--reuse-port: both serve the shared port (the kernel spreads connections); --own-port:
+    each answers its own health probe on a loopback port of its own."""
+    stack.register("m-two")
+    base = ["--router-addr", stack.router_addr, "--reuse-port", "--own-port", "0"]
+    first, info1 = start([*base, "--port", "0", "--no-proxy-streams"], tmp_path / "g1.json")
+    second = None
+    try:
+        port = info1["port"]
+        second, info2 = start(
+            [*base, "--port", str(port), "--no-proxy-streams"], tmp_path / "g2.json"
+        )
+        assert info2["port"] == port and info1["own_port"] != info2["own_port"]
+        for proc, info in ((first, info1), (second, info2)):
+            own = httpx.get(f"http://127.0.0.1:{info['own_port']}/health").json()
+            assert own["pid"] == proc.pid
+        # New connections reach both; each serves a model registered before it started.
+        pids = set()
+        for _ in range(64):
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+                pids.add(c.get("/health").json()["pid"])
+                r = c.post(
+                    "/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                    json={"model": "m-two", "messages": MESSAGES},
+                )
+                assert r.status_code == 200, r.text
+            if len(pids) == 2:
+                break
+        assert pids == {first.pid, second.pid}
+        # One stops: the other keeps the port.
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(15) == 0
+        for _ in range(8):
+            assert httpx.get(f"http://127.0.0.1:{port}/health").json()["pid"] == second.pid
+        # A gateway without --reuse-port cannot take the shared port.
+        r = run(["--router-addr", stack.router_addr, "--port", str(port)], env=env())
+        assert r.returncode != 0
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)

@@ -39,12 +39,16 @@ class _Server(uvicorn.Server):
         yield
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            # Several gateways, one port: Linux hashes each new connection to one of the
+            # listeners, and admits only sockets of the same user to the group.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.listen(2048)
         sock.setblocking(False)
@@ -108,8 +112,18 @@ async def shutdown(
 async def run(settings: Settings) -> int:
     validate(settings)
     loop = asyncio.get_running_loop()
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port, reuse_port=settings.reuse_port)
     port = sock.getsockname()[1]
+    sockets = [sock]
+    own_port = None
+    if settings.own_port >= 0:
+        try:
+            own = bind_socket("127.0.0.1", settings.own_port)
+        except BaseException:
+            sock.close()
+            raise
+        sockets.append(own)
+        own_port = own.getsockname()[1]
     app = create_app(settings)
     gateway: Gateway = app.state.gateway
     server = make_server(settings, app)
@@ -124,14 +138,15 @@ async def run(settings: Settings) -> int:
             settings.router_addr,
         )
         await gateway.aclose()
-        sock.close()
+        for sk in sockets:
+            sk.close()
         return 1
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        serving = asyncio.ensure_future(server.serve(sockets=sockets))
         while not server.started and not serving.done():
             await asyncio.sleep(0.005)
         if serving.done():
@@ -146,11 +161,14 @@ async def run(settings: Settings) -> int:
             mode=settings.mode,
             instance=gateway.instance,
             router_addr=settings.router_addr,
+            own_port=own_port,
         )
         log.info(
-            "listening on http://%s:%d (mode %s, router %s, admin key %s, http %s)",
+            "listening on http://%s:%d%s%s (mode %s, router %s, admin key %s, http %s)",
             settings.host,
             port,
+            " (shared)" if settings.reuse_port else "",
+            f" and http://127.0.0.1:{own_port}" if own_port else "",
             settings.mode,
             settings.router_addr,
             mask(settings.admin_api_key),
@@ -164,7 +182,8 @@ async def run(settings: Settings) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        sock.close()
+        for sk in sockets:
+            sk.close()
 
 
 def serve(settings: Settings) -> int:

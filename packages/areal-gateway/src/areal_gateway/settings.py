@@ -32,6 +32,20 @@ MODES = ("inference", "agent")
 class Settings:
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=0, metadata={"help": "port to listen on; 0 = the OS picks"})
+    reuse_port: bool = field(
+        default=False,
+        metadata={
+            "help": "share --port with the other gateways of the service (SO_REUSEPORT: the "
+            "kernel spreads new connections across them; only the same user can join)"
+        },
+    )
+    own_port: int = field(
+        default=-1,
+        metadata={
+            "help": "also listen on 127.0.0.1:<own-port>, this gateway's alone (its health "
+            "probe when several share --port); 0 = any free port, -1 = no"
+        },
+    )
     log_level: str = field(
         default="info",
         metadata={"help": "log level", "choices": ["debug", "info", "warning", "error"]},
@@ -117,6 +131,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("--drain-timeout must not be negative")
     if settings.request_read_timeout <= 0:
         raise SettingsError("--request-read-timeout must be positive")
+    if settings.own_port < -1 or settings.own_port > 65535:
+        raise SettingsError("--own-port must be -1 (none), 0 (any free port) or a port")
     if settings.max_idle_connections_per_client < 1:
         raise SettingsError("--max-idle-connections-per-client must be at least 1")
 
