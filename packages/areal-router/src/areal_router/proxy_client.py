@@ -6,9 +6,11 @@ Callers get plain values and `ServiceError`, never `grpc.RpcError`.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime import tls
@@ -29,6 +31,10 @@ class ProxyStats:
     detail: str
 
 
+class PushUnsupported(Exception):
+    """The proxy serves no `grpc.health.v1.Health/Watch`: it can only be polled."""
+
+
 def _channel_options(reconnect_ms: int) -> list[tuple[str, int]]:
     # A proxy that comes back must be seen within about one poll interval:
     # gRPC's default reconnect backoff grows to 120 s.
@@ -41,12 +47,31 @@ def _channel_options(reconnect_ms: int) -> list[tuple[str, int]]:
 
 
 class ProxyClient:
-    """One proxy's gRPC channel: its ProxyStatusService, which both proxy modes serve."""
+    """One proxy's gRPC channel: its ProxyStatusService and grpc.health.v1, which both
+    proxy modes serve."""
 
     def __init__(self, address: str, *, reconnect_ms: int = 1000) -> None:
         self.address = address
         self._channel = tls.channel(address, options=_channel_options(reconnect_ms))
         self._stub = proxy_pb2_grpc.ProxyStatusServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def watch_serving(self) -> AsyncIterator[bool]:
+        """The proxy's serving status (`Health/Watch` of the whole server, ""): now, then at
+        each change, for as long as the stream lasts. Raises `PushUnsupported` if the proxy
+        has no such stream, `ServiceError` when the stream fails (the proxy went away)."""
+        call = self._health.Watch(
+            health_pb2.HealthCheckRequest(service=""), metadata=call_metadata()
+        )
+        try:
+            async for r in call:
+                yield r.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise PushUnsupported(self.address) from None
+            raise from_rpc_error(exc, target=f"proxy {self.address}") from None
+        finally:
+            call.cancel()
 
     async def get_stats(self, deadline_s: float) -> ProxyStats:
         try:
@@ -97,4 +122,4 @@ class ProxyClients:
             await c.close()
 
 
-__all__ = ["ProxyClient", "ProxyClients", "ProxyStats", "ServiceError"]
+__all__ = ["ProxyClient", "ProxyClients", "ProxyStats", "PushUnsupported", "ServiceError"]

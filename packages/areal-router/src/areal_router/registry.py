@@ -33,6 +33,12 @@ EXTERNAL: int = router_pb2.MODEL_KIND_EXTERNAL
 STATE_FORMAT = 1
 NOT_POLLED = "not polled yet"
 
+# Bumped by every change that can change which proxies a decision may pick (a health or
+# kind change, a proxy added or removed): `Registry.candidates` caches its lists until then.
+_ROUTING_FIELDS = frozenset(("health", "kind", "model"))
+_routing_epoch = [0]
+_LOAD_FIELDS = frozenset(("reported_requests", "routed_since_report"))
+
 
 @dataclass
 class ModelState:
@@ -88,6 +94,9 @@ class ProxyState:
     reported_tokens: int = 0
     reported_sessions: int = 0
     routed_since_report: int = 0
+    # In-flight requests: the last report plus what was routed here since (kept up to date
+    # by __setattr__: a plain attribute is what a C-level key getter reads fastest).
+    load: int = field(default=0, init=False)
     # Sessions pinned here (by BindSession or session_affinity).
     sessions: set[str] = field(default_factory=set)
     # Sequence number of the last time a policy chose it (tie-break: least recent).
@@ -95,14 +104,17 @@ class ProxyState:
     # Registration order (persisted: a model's proxies come back in the same order).
     seq: int = 0
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _ROUTING_FIELDS:
+            _routing_epoch[0] += 1
+        elif name in _LOAD_FIELDS:
+            load = getattr(self, "reported_requests", 0) + getattr(self, "routed_since_report", 0)
+            object.__setattr__(self, "load", load)
+
     @property
     def routable(self) -> bool:
         return self.health == HEALTHY
-
-    @property
-    def load(self) -> int:
-        """In-flight requests: the last report plus what was routed here since."""
-        return self.reported_requests + self.routed_since_report
 
     def to_proto(self) -> router_pb2.ProxyInfo:
         return router_pb2.ProxyInfo(
@@ -161,6 +173,9 @@ class Registry:
         self.dirty_proxies: set[str] = set()
         self.dirty_pins: set[str] = set()
         self.generation = 0
+        # (model, kind) -> (routing epoch, healthy proxies): a decision at 1,000 replicas
+        # must not rebuild this list each time.
+        self._candidates: dict[tuple[str, int], tuple[int, list[ProxyState]]] = {}
         self._choice_seq = 0
         self._proxy_seq = 0
 
@@ -191,6 +206,7 @@ class Registry:
             model.proxy_ids = existing.proxy_ids
         model.implicit = False
         self.models[model.name] = model
+        self.routing_changed()
         self.dirty_models.add(model.name)
         self.generation += 1
 
@@ -253,6 +269,7 @@ class Registry:
             )
             self.proxies[proxy_id] = state
             m.proxy_ids.append(proxy_id)
+            self.routing_changed()
             changed = True
         else:
             state = old
@@ -282,6 +299,7 @@ class Registry:
         state = self.proxies.pop(proxy_id, None)
         if state is None:
             return
+        self.routing_changed()
         self.dirty_proxies.add(proxy_id)
         for sid in state.sessions:
             self.pins.pop(sid, None)
@@ -307,8 +325,20 @@ class Registry:
                 yield p
 
     def candidates(self, model: str, kind: int = 0) -> list[ProxyState]:
-        """Healthy proxies of `model` (of `kind` unless 0), in registration order."""
-        return [p for p in self.proxies_of(model) if p.routable and (not kind or p.kind == kind)]
+        """Healthy proxies of `model` (of `kind` unless 0), in registration order. Cached
+        until the next routing change (the list is shared: callers must not modify it)."""
+        key = (model, kind)
+        cached = self._candidates.get(key)
+        if cached is not None and cached[0] == _routing_epoch[0]:
+            return cached[1]
+        out = [p for p in self.proxies_of(model) if p.routable and (not kind or p.kind == kind)]
+        self._candidates[key] = (_routing_epoch[0], out)
+        return out
+
+    @staticmethod
+    def routing_changed() -> None:
+        """Proxies joined or left a model: cached candidate lists are stale."""
+        _routing_epoch[0] += 1
 
     def note_chosen(self, proxy: ProxyState, *, routed: bool) -> None:
         self._choice_seq += 1
@@ -496,6 +526,7 @@ class Registry:
         use[, first id of its bind]) pins. Rows that no longer fit (a proxy of an external
         model, a pin of an unknown proxy) are dropped and marked dirty, so the next write
         removes them from the store as well."""
+        self.routing_changed()
         self.models.clear()
         self.proxies.clear()
         self.pins.clear()

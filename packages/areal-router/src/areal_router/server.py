@@ -178,6 +178,7 @@ def create_server(settings: RouterSettings) -> RouterServer:
         registry,
         clients,
         interval=settings.health_interval,
+        idle_interval=settings.health_idle_interval,
         timeout=settings.health_timeout,
         unhealthy_after=settings.unhealthy_after,
         on_poll=metrics.poll,

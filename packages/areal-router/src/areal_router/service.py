@@ -176,9 +176,12 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             self.metrics.decisions.labels(policy, model_label, result).inc()
             await abort(context, err)
             raise
+        proxy = decision.proxy
+        if proxy is not None:
+            # Its load matters now: if it was on the idle cadence, poll it within an interval.
+            self.poller.nudge(proxy.proxy_id)
         if decision.pinned:
             await self._changed()
-        proxy = decision.proxy
         response = router_pb2.RouteResponse(
             proxy_id=proxy.proxy_id if proxy else "",
             address=proxy.address if proxy else "",
@@ -212,6 +215,8 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         response.lease_policy = "round_robin" if policy == "round_robin" else "least_loaded"
         for p in self.registry.candidates(model, kind):
             response.candidates.add(proxy_id=p.proxy_id, address=p.address, load=max(0, p.load))
+            # The caller may send work to any of them until the lease ends.
+            self.poller.nudge(p.proxy_id)
         self.metrics.leases.labels(model).inc()
 
     async def BindSession(
@@ -226,6 +231,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             await abort(context, err)
             raise
         self.metrics.binds.labels("bound").inc()
+        self.poller.nudge(proxy.proxy_id)
         await self._changed()
         log.debug("pinned %d sessions to %s", len(request.session_ids), proxy.proxy_id)
         return router_pb2.BindSessionResponse(proxy_id=proxy.proxy_id, address=proxy.address)

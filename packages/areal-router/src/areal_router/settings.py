@@ -34,6 +34,14 @@ class RouterSettings:
     health_interval: float = field(
         default=1.0, metadata={"help": "seconds between GetStats polls of each proxy"}
     )
+    health_idle_interval: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds between GetStats polls of a proxy that is healthy, idle and "
+            "unchanged, with its health stream open (a route, lease or bind naming it brings "
+            "its next poll within --health-interval); at most --health-interval turns this off"
+        },
+    )
     health_timeout: float = field(default=1.0, metadata={"help": "seconds a poll may take"})
     unhealthy_after: int = field(
         default=2, metadata={"help": "consecutive failed polls before a proxy is unhealthy"}
@@ -67,6 +75,8 @@ class RouterSettings:
             raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.health_interval <= 0:
             raise ValueError("health_interval must be > 0")
+        if self.health_idle_interval < 0:
+            raise ValueError("health_idle_interval must be >= 0")
         if self.health_timeout <= 0:
             raise ValueError("health_timeout must be > 0")
         if self.unhealthy_after < 1:
