@@ -187,3 +187,40 @@ async def test_a_single_proxy_retires_too():
         assert (await running)["choices"][0]["finish_reason"] == "stop"
     finally:
         await h.close()
+
+
+async def test_health_follows_the_engine_and_a_retirement_is_announced():
+    """The router watches grpc.health: an engine failure shows as NOT_SERVING at once, and a
+    retirement as a NOT_SERVING blip (the router then polls and reads `draining`), after
+    which the retired proxy is SERVING for the sessions pinned to it."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    local = FakeEngineClient(SEQ)
+    async with cluster(local, [FakeEngineClient(SEQ)]) as (p1, _, _):
+        health = health_pb2_grpc.HealthStub(p1.channel)
+        seen: list[int] = []
+
+        async def watch() -> None:
+            async for r in health.Watch(health_pb2.HealthCheckRequest(service="")):
+                seen.append(r.status)
+
+        watcher = asyncio.create_task(watch())
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+        await wait_for(lambda: seen == [serving])
+        local.healthy = False
+        await p1.server._check_engine()
+        await wait_for(lambda: seen == [serving, not_serving])
+        local.healthy = True
+        await p1.server._check_engine()
+        await wait_for(lambda: seen == [serving, not_serving, serving])
+        await _retire(p1, 0.0)
+        await wait_for(lambda: seen[3:] == [not_serving, serving])
+        # Retired: its engine's health no longer matters.
+        local.healthy = False
+        await p1.server._check_engine()
+        await asyncio.sleep(0.1)
+        assert seen[-1] == serving
+        watcher.cancel()

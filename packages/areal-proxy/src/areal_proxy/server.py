@@ -37,6 +37,8 @@ log = logging.getLogger("areal_proxy")
 
 _MAX_MESSAGE = 64 * 1024 * 1024
 # grpc.health names: "" (the whole server) and each service this mode serves.
+# How long a retiring proxy shows NOT_SERVING on its health stream (see _announce_retired).
+_BLIP_S = 0.1
 _SERVICE_NAMES = (
     "",
     "areal.proxy.v1.InferenceProxyService",
@@ -156,11 +158,14 @@ class ProxyServer:
             ],
         )
         add_to_server(self.servicer, self.server)
+        self.servicer.on_retired = self._announce_retired
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
         self.metrics_port = -1
         self._health_task: asyncio.Task[None] | None = None
         self._expiry_task: asyncio.Task[None] | None = None
+        # Set once start() has published the first grpc.health status.
+        self._serving_set = False
 
     async def start(self) -> int:
         s = self.settings
@@ -172,8 +177,8 @@ class ProxyServer:
         await self._check_engine()
         self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
         self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
-        for name in _SERVICE_NAMES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_serving(self.state.engine_healthy)
+        self._serving_set = True
         log.info(
             "listening on %s:%d (metrics %d), engine %s %s, model %s",
             s.host,
@@ -197,11 +202,39 @@ class ProxyServer:
                 "engine %s",
                 "healthy" if ok else "unhealthy",
             )
+        changed = ok != self.state.engine_healthy
         self.state.engine_healthy = ok
         self.state.engine_detail = (
             "" if ok else f"engine at {self.settings.engine_url} failed its health check"
         )
         self.metrics.engine_healthy.set(1 if ok else 0)
+        if changed and self._serving_set:
+            await self._set_serving(ok)
+
+    async def _announce_retired(self) -> None:
+        """A blip on the health stream the router watches: it polls at once, reads `draining`
+        and sends this proxy no new session from then on (it stays SERVING for the turns of
+        the sessions pinned here)."""
+        if self.state.draining or not self._serving_set:
+            return
+        for name in _SERVICE_NAMES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Health watchers send only the latest status: let them send this one first.
+        await asyncio.sleep(_BLIP_S)
+        await self._set_serving(True)
+
+    async def _set_serving(self, ok: bool) -> None:
+        """The grpc.health status follows the engine's: the router watches it (a push), so a
+        proxy whose engine failed is unroutable at once. A draining proxy stays NOT_SERVING."""
+        if self.state.draining:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ok or self.state.retired
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in _SERVICE_NAMES:
+            await self.health.set(name, status)
 
     async def _health_loop(self) -> None:
         while True:

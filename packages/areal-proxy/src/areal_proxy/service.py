@@ -119,6 +119,8 @@ class ProxyServicer(
         self._idle.set()
         self._streams: set[GenerateStream] = set()
         self._streams_closed = False
+        # Called once when this proxy retires (the server tells the router at once).
+        self.on_retired: Callable[[], Awaitable[None]] | None = None
         self._rpc_children: dict[tuple[str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}
         controller.on_finish = self._on_generation_finished
@@ -397,7 +399,10 @@ class ProxyServicer(
                 raise InvalidRequest("drain_timeout_s must be >= 0", param="drain_timeout")
             if self.state.draining:
                 raise Draining("this proxy is shutting down")
-            self.state.retired = True
+            if not self.state.retired:
+                self.state.retired = True
+                if self.on_retired is not None:
+                    await self.on_retired()
             out = await drain(self.controller, timeout)
         except Exception as e:
             err = self._error(e)

@@ -1,3 +1,3 @@
 """areal-router."""
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"

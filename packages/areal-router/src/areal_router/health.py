@@ -329,12 +329,9 @@ class HealthPoller:
             if p.health != HEALTHY and t.first_poll.is_set():
                 self._poll_within(t, 0.0)
             return
-        if p.health == HEALTHY:
-            # Draining or shutting down: no new work from now; the poll says which.
-            change = self.registry.record_failure(
-                proxy_id, "proxy stopped serving (health stream)", unhealthy_after=1
-            )
-            self._log_change(proxy_id, change, p.last_error)
+        # Draining, retired, shutting down or its engine failed: the poll, sent now, says
+        # which (a retired proxy keeps its pinned sessions, so it is not marked unhealthy
+        # meanwhile: its sessions' next turns must not fail in that moment).
         t.quiet = False
         self._poll_within(t, 0.0)
 
