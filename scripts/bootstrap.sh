@@ -14,3 +14,9 @@ uv sync --locked --quiet
 scripts/install-engine.sh sglang >/dev/null
 scripts/install-engine.sh vllm >/dev/null
 scripts/setup-model.sh smollm2 >/dev/null
+# Headless Chromium for the browser tests of `areal inf trace --html` (tests/trace_browser.py
+# drives it with Playwright; Debian's package, never a browser download). Needs root, as CI is.
+if [ ! -x /usr/bin/chromium ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi

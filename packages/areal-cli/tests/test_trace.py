@@ -41,6 +41,9 @@ def _tokenizer_dir(tmp_path: Path) -> Path:
                 "added_tokens": [
                     {"id": 300, "content": "<|im_start|>", "special": True},
                     {"id": 301, "content": "<|im_end|>", "special": True},
+                    # Markup as one token: split over several token elements it could not
+                    # run even unescaped, so the page's escaping is tested on this one.
+                    {"id": 302, "content": INJECTION, "special": True},
                 ],
                 "decoder": {"type": "ByteLevel"},
             }
@@ -53,8 +56,8 @@ def _ids(text: str) -> list[int]:
     return list(text.encode())
 
 
-def _row(sid, iid, prompt, out, lps, vers, reward, finish="stop", response=None, choice=0):
-    p = [300, *_ids(prompt), 301]
+def _row(sid, iid, prompt, out, lps, vers, reward, finish="stop", response=None, choice=0, pre=()):
+    p = [300, *pre, *_ids(prompt), 301]
     o = out
     return {
         "input_ids": p + o,
@@ -85,7 +88,8 @@ def _rows() -> list[dict]:
             [-0.01, -0.5, -2.0, -7.5],
             [3, 3, 4, 4],
             0.0,
-        ),  # fmt: skip
+            pre=[302],
+        ),
         # Turn 2: the version moves on again at its first token (5 after 4).
         _row("s1", "c-2", "more\x1b[2J", [*_ids("\nz")], [-0.05, -0.2], [5, 5], 1.5, "length"),
     ]
@@ -159,7 +163,7 @@ def test_document_mask_logprobs_versions_rewards(tmp_path):
     prompt = [t for t in t1["tokens"] if not t["mask"]]
     out = [t for t in t1["tokens"] if t["mask"]]
     assert all(t["logprob"] is None and t["version"] is None for t in prompt)
-    assert "".join(t["piece"] for t in prompt) == "<|im_start|>hi " + INJECTION + "<|im_end|>"
+    assert "".join(t["piece"] for t in prompt) == f"<|im_start|>{INJECTION}hi {INJECTION}<|im_end|>"
     assert [t["piece"] for t in out] == [" the", "o", "k", "<|im_end|>"]
     assert [t["bucket"] for t in out] == ["high", "mid", "low", "very_low"]
     assert [t["version_change"] for t in out] == [False, False, True, False]

@@ -54,16 +54,16 @@ summary, .label { cursor:pointer; padding:6px 12px; color:var(--muted); font-siz
 .tokens { white-space:pre-wrap; word-break:break-word; padding:4px 12px 10px;
   font-size:13px; line-height:1.75; }
 .t { border-radius:3px; padding:1px 0; cursor:pointer; box-shadow:inset -1px 0 0 rgba(255,255,255,.9); }
-.t.p { color:#57606a; background:#f0f2f4; }
-.t.p.a { background:#e4e7eb; }
-.t.o.b-high { background:#c9f0d3; } .t.o.b-high.a { background:#b2e7c0; }
-.t.o.b-mid { background:#fff1a8; } .t.o.b-mid.a { background:#ffe680; }
-.t.o.b-low { background:#ffcf9e; } .t.o.b-low.a { background:#ffbd7a; }
-.t.o.b-very_low { background:#ff9e9e; } .t.o.b-very_low.a { background:#ff8585; }
+.p { color:#57606a; background:#f0f2f4; }
+.p.a { background:#e4e7eb; }
+.b-high { background:#c9f0d3; } .b-high.a { background:#b2e7c0; }
+.b-mid { background:#fff1a8; } .b-mid.a { background:#ffe680; }
+.b-low { background:#ffcf9e; } .b-low.a { background:#ffbd7a; }
+.b-very_low { background:#ff9e9e; } .b-very_low.a { background:#ff8585; }
 .t:hover, .t.sel { outline:2px solid #0969da; }
 .vmark { display:inline-block; background:#8250df; color:#fff; border-radius:3px;
   font-size:11px; padding:0 4px; margin:0 2px; font-family:system-ui,sans-serif; }
-.swatch { padding:1px 6px; }
+.swatch { padding:1px 6px; border-radius:3px; }
 .empty { color:var(--muted); }
 #info { position:fixed; right:16px; bottom:16px; z-index:3; min-width:260px; max-width:420px;
   background:#1f2328; color:#f6f8fa; border-radius:8px; padding:10px 14px; font-size:13px;
@@ -157,12 +157,12 @@ def page(doc: dict[str, Any]) -> str:
 
 def _legend() -> str:
     cells = "".join(
-        f'<span class="t o b-{escape(b)} swatch">{escape(label)}</span>'
+        f'<span class="swatch b-{escape(b)}">{escape(label)}</span>'
         for b, label in LABELS.items()
     )
     return (
         f'<div class="legend"><span>logprob</span>{cells}'
-        '<span class="t p swatch">prompt · masked, not trained</span>'
+        '<span class="swatch p">prompt · masked, not trained</span>'
         '<span><span class="vmark">v2</span> weight version changes here</span></div>'
     )
 
