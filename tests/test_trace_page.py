@@ -27,7 +27,7 @@ def written(tmp_path_factory):
         p, o = tok.encode(prompt).ids, tok.encode(out).ids
         assert len(o) == len(lps) == len(vers)
         return {
-            "input_ids": [whole, *p[1:]] + o if iid.endswith("1") else p + o,
+            "input_ids": [whole, *p[1:], *o] if iid.endswith("1") else p + o,
             "loss_mask": [0] * len(p) + [1] * len(o),
             "logprobs": [0.0] * len(p) + lps,
             "versions": [-1] * len(p) + vers,

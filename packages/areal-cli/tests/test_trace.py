@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_cli.inf.trace import build, bucket, shown
+from areal_cli.inf.trace import bucket, build, shown
 from areal_cli.inf.trace_html import page
 from areal_cli.inf.trace_pieces import Pieces
 from areal_cli.inf.trace_text import render
@@ -139,7 +139,7 @@ def test_pieces_sentencepiece_byte_fallback(tmp_path):
 def test_pieces_missing_tokenizer_is_a_clear_error(tmp_path):
     from areal_cli.errors import CLIError
 
-    with pytest.raises(CLIError, match="no tokenizer.json in .*--tokenizer-path"):
+    with pytest.raises(CLIError, match=r"no tokenizer\.json in .*--tokenizer-path"):
         Pieces.from_dir(tmp_path)
 
 

@@ -312,3 +312,8 @@ def shown(tok: dict[str, Any]) -> str:
 
 def fmt_reward(r: float) -> str:
     return f"{r:g}"
+
+
+def fmt_mean(m: float) -> str:
+    text = f"{m:.3f}"
+    return "0.000" if text == "-0.000" else text  # a mean of -1e-6 is no news

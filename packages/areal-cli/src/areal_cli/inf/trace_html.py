@@ -14,7 +14,7 @@ import secrets
 from html import escape
 from typing import Any
 
-from areal_cli.inf.trace import fmt_reward, shown
+from areal_cli.inf.trace import fmt_mean, fmt_reward, shown
 from areal_cli.inf.trace_text import LABELS
 
 _CSS = """
@@ -157,8 +157,7 @@ def page(doc: dict[str, Any]) -> str:
 
 def _legend() -> str:
     cells = "".join(
-        f'<span class="swatch b-{escape(b)}">{escape(label)}</span>'
-        for b, label in LABELS.items()
+        f'<span class="swatch b-{escape(b)}">{escape(label)}</span>' for b, label in LABELS.items()
     )
     return (
         f'<div class="legend"><span>logprob</span>{cells}'
@@ -199,7 +198,7 @@ def _turn(it: dict[str, Any]) -> str:
         f'<span class="pill">version {escape(versions)}</span>'
         f'<span class="pill">{it["prompt_tokens"]} prompt + {it["output_tokens"]} output tokens'
         "</span>"
-        f'<span class="pill">mean logprob {"-" if mean is None else f"{mean:.3f}"}</span>'
+        f'<span class="pill">mean logprob {"-" if mean is None else fmt_mean(mean)}</span>'
         f'<code class="iid">{escape(str(it["interaction_id"]))}</code></div>'
     )
     prompt: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_cli.inf.trace import fmt_reward, shown
+from areal_cli.inf.trace import fmt_mean, fmt_reward, shown
 
 INDENT = "  "
 RESET = "\x1b[0m"
@@ -81,7 +81,7 @@ def _header(it: dict[str, Any]) -> str:
         f"── {turn} · {it['interaction_id']} · finish {it['finish_reason'] or '-'} · reward "
         f"{fmt_reward(it['reward'])} · version {versions} · {it['prompt_tokens']} prompt + "
         f"{it['output_tokens']} output tokens · mean logprob "
-        f"{'-' if mean is None else f'{mean:.3f}'} · replica {replicas}"
+        f"{'-' if mean is None else fmt_mean(mean)} · replica {replicas}"
     )
 
 
