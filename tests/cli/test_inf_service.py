@@ -148,7 +148,9 @@ def test_trace_reads_a_session_of_the_service(svc, tmp_path):
     r = a("inf", "trace", "--session", sess["session_id"])  # the default service
     assert r.code == 0 and "reward 2 ·" in r.out, r.err
     r = a("inf", "trace", "--session", "sess-nope")
-    assert r.code == 1 and r.err.startswith("error: session 'sess-nope'"), r.err
+    assert r.code == 1 and r.err.startswith(
+        "error: session 'sess-nope' not found on inf service 'default' ("
+    ), r.err
     assert post("/rl/export_trajectories", {"session_ids": [sess["session_id"]]})["count"] == 1
 
 

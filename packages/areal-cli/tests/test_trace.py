@@ -412,8 +412,8 @@ def test_html_file_is_private_and_escaped(home, gateway, tmp_path):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("--session", "nope"), 1, "error: session 'nope' not found (on http://127.0.0.1:"),
-        (("--group", "g9"), 1, "error: group 'g9' not found (on http://127.0.0.1:"),
+        (("--session", "nope"), 1, "error: session 'nope' not found on http://127.0.0.1:"),
+        (("--group", "g9"), 1, "error: group 'g9' not found on http://127.0.0.1:"),
         (("--session", "s1", "--group", "g1"), 2, "exactly one of --session or --group"),
         ((), 2, "exactly one of --session or --group"),
         (("--session", "s1", "--html", "/nonexistent-dir/x.html"), 2, "does not exist"),

@@ -97,13 +97,16 @@ def _source(o: TraceOptions, default_service: str) -> Source:
     return Source(url.rstrip("/"), key, service, dict(s.get("models") or {}))
 
 
-def _gateway(src: Source, method: str, path: str, body: Any = None) -> Any:
+def _gateway(src: Source, method: str, path: str, what: str, body: Any = None) -> Any:
+    """The answer of one call; a refusal as one line naming `what` was asked for."""
     status, payload = call(method, src.url + path, key=src.key, body=body, timeout=60)
     if status == 200:
         return payload
     where = f"inf service '{src.service}'" if src.service else src.url
     if status == 404:
-        raise CLIError(f"{error_message(payload)} (on {where})")
+        # The gateway's words follow: they may name internals (a group's pin reads as a
+        # session there), so the line leads with what the user asked for.
+        raise CLIError(f"{what} not found on {where} ({error_message(payload)})")
     if status in (401, 403):
         raise CLIError(f"the gateway of {where} refused the admin key: {error_message(payload)}")
     raise CLIError(f"{method} {path} on {where}: HTTP {status}: {error_message(payload)}")
@@ -136,9 +139,11 @@ def fetch(src: Source, session: str | None, group: str | None) -> tuple[list[dic
     if session:
         model = _model_of(src, session)  # first: an unknown session is a plain 404 here
         body["session_ids"] = [session]
+        what = f"session '{session}'"
     else:
         body["group_id"] = group
-    doc = _gateway(src, "POST", "/rl/export_trajectories", body)
+        what = f"group '{group}'"
+    doc = _gateway(src, "POST", "/rl/export_trajectories", what, body)
     rows = doc.get("rows", []) if isinstance(doc, dict) else []
     if group and rows:
         model = _model_of(src, str(rows[0].get("session_id", "")))
@@ -146,7 +151,7 @@ def fetch(src: Source, session: str | None, group: str | None) -> tuple[list[dic
 
 
 def _model_of(src: Source, session: str) -> str:
-    info = _gateway(src, "GET", "/rl/sessions/" + quote(session, safe=""))
+    info = _gateway(src, "GET", "/rl/sessions/" + quote(session, safe=""), f"session '{session}'")
     return str(info.get("model", "")) if isinstance(info, dict) else ""
 
 
