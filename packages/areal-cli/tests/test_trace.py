@@ -199,7 +199,7 @@ def test_json_keys_are_the_documented_ones():
     }  # fmt: skip
     # Without a tokenizer the pieces are null and shown as the ids.
     assert it["tokens"][0]["piece"] is None and shown(it["tokens"][0]) == "⟨300⟩"
-    docs = (Path(__file__).resolve().parents[3] / "docs" / "cli.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs/cli.md").read_text()
     for key in ("logprob_buckets", "reward_total", "mean_logprob", "version_change", "bucket"):
         assert f"`{key}`" in docs, key
 
