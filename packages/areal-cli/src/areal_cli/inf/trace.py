@@ -18,12 +18,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from areal_cli import state as st
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
+
+if TYPE_CHECKING:
+    from areal_cli.inf.trace_pieces import Pieces
 
 GROUP = "inf"
 
@@ -112,7 +115,9 @@ def _gateway(src: Source, method: str, path: str, what: str, body: Any = None) -
     raise CLIError(f"{method} {path} on {where}: HTTP {status}: {error_message(payload)}")
 
 
-def _tokenizer(src: Source, model: str, override: str | None) -> tuple[Any, str | None, str]:
+def _tokenizer(
+    src: Source, model: str, override: str | None
+) -> tuple[Pieces | None, str | None, str]:
     """(Pieces or None, the folder, why there is none)."""
     from areal_cli.inf.trace_pieces import Pieces
 
@@ -159,7 +164,7 @@ def build(
     rows: list[dict[str, Any]],
     *,
     model: str,
-    pieces: Any,
+    pieces: Pieces | None,
     query: dict[str, str],
     source: dict[str, Any],
     tokenizer: dict[str, Any],
@@ -200,7 +205,7 @@ def build(
 
 
 def _interaction(
-    row: dict[str, Any], turn: int, pieces: Any, sess: dict[str, Any]
+    row: dict[str, Any], turn: int, pieces: Pieces | None, sess: dict[str, Any]
 ) -> dict[str, Any]:
     ids, mask = row.get("input_ids", []), row.get("loss_mask", [])
     lps, vers = row.get("logprobs", []), row.get("versions", [])
