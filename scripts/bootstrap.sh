@@ -14,3 +14,15 @@ uv sync --locked --quiet
 scripts/install-engine.sh sglang >/dev/null
 scripts/install-engine.sh vllm >/dev/null
 scripts/setup-model.sh smollm2 >/dev/null
+# Headless Chromium for the browser tests of `areal inf trace --html` (tests/trace_browser.py
+# drives it with Playwright; Debian's package, never a browser download). CI runs as root;
+# elsewhere without root those tests skip, and this says how to get it.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "bootstrap: no /usr/bin/chromium (the trace page's browser tests skip); as root:" \
+      "apt-get install --no-install-recommends chromium" >&2
+  fi
+fi

@@ -91,7 +91,17 @@ CLI_COMMANDS = [
     ("inf",),
     *[
         ("inf", c)
-        for c in ("run", "register", "deregister", "models", "ps", "status", "logs", "stop")
+        for c in (
+            "run",
+            "register",
+            "deregister",
+            "models",
+            "trace",
+            "ps",
+            "status",
+            "logs",
+            "stop",
+        )
     ],
     ("agent",),
     *[("agent", c) for c in ("run", "ps", "status", "logs", "stop")],

@@ -119,6 +119,41 @@ def test_curl_chat_completion(svc):
     assert out["model"] == MODEL
 
 
+def test_trace_reads_a_session_of_the_service(svc, tmp_path):
+    """`areal inf trace --service` finds the gateway, its admin key and the model's tokenizer
+    in the service's state (docs/cli.md, `areal inf trace`); the session stays exportable."""
+    a, port = svc
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
+
+    def post(path, body, headers=auth):
+        req = urllib.request.Request(base + path, json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+
+    g = post("/rl/start_session", {"task_id": "trace", "group_size": 1})
+    sess = g["sessions"][0]
+    skey = {**auth, "Authorization": f"Bearer {sess['session_api_key']}"}
+    msg = {"role": "user", "content": "trace me"}
+    post("/v1/chat/completions", {"model": MODEL, "messages": [msg], "max_tokens": 4}, skey)
+    post("/rl/set_reward", {"reward": 2.0}, skey)
+    r = a("inf", "trace", "--service", "default", "--session", sess["session_id"], "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["source"]["service"] == "default" and doc["model"] == MODEL
+    assert doc["tokenizer"] == {"path": str(PARROT), "decoded": True}
+    [it] = doc["sessions"][0]["interactions"]
+    assert it["reward"] == 2.0 and it["output_tokens"] > 0
+    assert "trace me" in "".join(t["piece"] for t in it["tokens"] if not t["mask"])
+    r = a("inf", "trace", "--session", sess["session_id"])  # the default service
+    assert r.code == 0 and "reward 2 ·" in r.out, r.err
+    r = a("inf", "trace", "--session", "sess-nope")
+    assert r.code == 1 and r.err.startswith(
+        "error: session 'sess-nope' not found on inf service 'default' ("
+    ), r.err
+    assert post("/rl/export_trajectories", {"session_ids": [sess["session_id"]]})["count"] == 1
+
+
 def test_logs_of_every_component(svc):
     a, _ = svc
     for comp in ("gateway", "router", f"{MODEL}-worker-0", f"{MODEL}-data-proxy-0"):

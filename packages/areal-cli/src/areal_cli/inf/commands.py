@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -192,6 +193,67 @@ def models(ctx: typer.Context, service: Service = None, as_json: Json = False) -
     from areal_cli.inf import launch
 
     raise typer.Exit(launch.models(sc.load_config(GROUP, ctx), service, as_json))
+
+
+@app.command()
+def trace(
+    ctx: typer.Context,
+    session: Annotated[
+        str | None, typer.Option("--session", help="The RL session to show.")
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option("--group", help="Or a group: each of its sessions.")
+    ] = None,
+    service: Service = None,
+    gateway_url: Annotated[
+        str | None,
+        typer.Option(
+            "--gateway-url",
+            help="Read from this gateway instead of a service of this machine (admin key from "
+            "--admin-api-key or AREAL_ADMIN_API_KEY).",
+        ),
+    ] = None,
+    admin_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AREAL_ADMIN_API_KEY",
+            show_envvar=True,
+            help="With --gateway-url: the gateway's admin key.",
+        ),
+    ] = None,
+    tokenizer_path: Annotated[
+        str | None,
+        typer.Option(
+            help="Tokenizer folder to decode token pieces with [default: the model's, from "
+            "the service's state]."
+        ),
+    ] = None,
+    as_json: Json = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Write one self-contained page (mode 0600) to this file instead of the "
+            "terminal view.",
+        ),
+    ] = None,
+) -> None:
+    """Show a session's (or group's) interactions token by token: mask, logprobs, versions,
+    rewards, finish reasons. Reads the gateway; removes nothing."""
+    from areal_cli.inf import trace as tr
+
+    opts = tr.TraceOptions(
+        service=service,
+        gateway_url=gateway_url,
+        admin_api_key=admin_api_key,
+        session=session,
+        group=group,
+        tokenizer_path=tokenizer_path,
+        as_json=as_json,
+        html=html,
+    )
+    default = sc.load_config(GROUP, ctx).get("default", "service") or "default"
+    raise typer.Exit(tr.trace(opts, default))
 
 
 sc.add_lifecycle_commands(
