@@ -46,6 +46,7 @@ from areal_gateway.schemas import (
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
+from areal_runtime import tracing
 from areal_runtime.errors import (
     NoHealthyReplica,
     PermissionDenied,
@@ -151,6 +152,7 @@ router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["rl"])
 
 @router.post("/rl/start_session", status_code=201, response_model=StartedGroup)
 async def start_session(
+    request: Request,
     gw: GatewayDep,
     _: AdminKey,
     body: Annotated[StartSessionRequest, Body(default_factory=StartSessionRequest)],
@@ -167,16 +169,24 @@ async def start_session(
         key = gw.auth.mint_session_key(sid)
         creds.append(proxy_pb2.SessionCredentials(session_id=sid, session_api_key=key))
     ids = [c.session_id for c in creds]
-    bound = await gw.router.bind_sessions([group_pin(group_id), *ids], model)
-    try:
-        await gw.proxies.get(bound.address).start_sessions(
-            proxy_pb2.StartSessionsRequest(
-                task_id=task_id, group_id=group_id, sessions=creds, model=model
+    with tracing.span(
+        "gateway.start_session",
+        kind=tracing.SERVER,
+        parent=tracing.parent_from_headers(request.scope["headers"]),
+        group_id=group_id,
+        model=model,
+        sessions=size,
+    ):
+        bound = await gw.router.bind_sessions([group_pin(group_id), *ids], model)
+        try:
+            await gw.proxies.get(bound.address).start_sessions(
+                proxy_pb2.StartSessionsRequest(
+                    task_id=task_id, group_id=group_id, sessions=creds, model=model
+                )
             )
-        )
-    except ServiceError:
-        await gw.router.release_sessions([group_pin(group_id), *ids])
-        raise
+        except ServiceError:
+            await gw.router.release_sessions([group_pin(group_id), *ids])
+            raise
     return json_response(
         {
             "group_id": group_id,

@@ -24,6 +24,7 @@ from areal_gateway.app import create_app
 from areal_gateway.fastpath import GenerationFastPath
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings, validate
+from areal_runtime import tracing
 from areal_runtime.errors import InternalAuthFailed
 from areal_runtime.logs import mask
 from areal_runtime.ready import write_ready_file
@@ -106,11 +107,13 @@ async def shutdown(
     # 3. Close the router/proxy channels and the external HTTP client (no-op when the
     #    lifespan shutdown already did).
     await gateway.aclose()
+    tracing.shutdown()
     log.info("stopped")
 
 
 async def run(settings: Settings) -> int:
     validate(settings)
+    tracing.setup("areal-gateway")
     loop = asyncio.get_running_loop()
     sock = bind_socket(settings.host, settings.port, reuse_port=settings.reuse_port)
     port = sock.getsockname()[1]

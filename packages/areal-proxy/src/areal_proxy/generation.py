@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
 from areal_proxy.migration import Retired
+from areal_runtime import tracing
 
 if TYPE_CHECKING:
     from areal_proxy.migration import Migrator
@@ -354,6 +355,13 @@ class GenerationController:
     def _retired_here(self, engine: EngineClient) -> bool:
         return self.retired and engine is self.engine
 
+    async def _wait_running(self) -> None:
+        """Wait while generation is paused (a weight update), in a span of its own."""
+        if self._running.is_set():
+            return
+        with tracing.span("proxy.wait", reason="paused"):
+            await self._running.wait()
+
     async def stream(
         self, rec: GenerationRecord, template: GenerationRequest
     ) -> AsyncGenerator[Step, None]:
@@ -372,7 +380,7 @@ class GenerationController:
         want_tops = template.top_logprobs > 0
         sent = False
         while True:
-            await self._running.wait()
+            await self._wait_running()
             if rec.remaining <= 0:
                 rec.finish_reason = "length"
                 yield Step([], [], [], "length")
@@ -390,7 +398,10 @@ class GenerationController:
                 self._on_engine.add(rec.rid)
             resubmit = False
             try:
-                async with aclosing(engine.generate_stream(req)) as chunks:  # type: ignore[type-var]
+                chunks_in = tracing.stream_span(
+                    "proxy.engine", engine.generate_stream(req), kind=tracing.CLIENT, **_engine(req)
+                )
+                async with aclosing(chunks_in) as chunks:  # type: ignore[type-var]
                     async for chunk in chunks:
                         by_pause = self._by_pause(chunk.finish_reason, epoch)
                         # Aborted by `evacuate`: the request moves on with what it has.
@@ -461,7 +472,7 @@ class GenerationController:
         lost engine it continues on a peer, streamed (each step with the peer's version)."""
         want_tops = template.top_logprobs > 0
         while True:
-            await self._running.wait()
+            await self._wait_running()
             if rec.remaining <= 0:
                 rec.finish_reason = "length"
                 return
@@ -473,7 +484,10 @@ class GenerationController:
                 return
             self._on_engine.add(rec.rid)
             try:
-                res = await self.engine.generate(self._attempt(rec, template))
+                req = self._attempt(rec, template)
+                with tracing.span("proxy.engine", kind=tracing.CLIENT, **_engine(req)) as sp:
+                    res = await self.engine.generate(req)
+                    sp.set(output_tokens=len(res.token_ids), finish_reason=res.finish_reason)
             except EngineError as e:
                 # A whole answer that died left nothing usable: the peer generates from the
                 # prompt + whatever tokens earlier (paused) attempts kept.
@@ -506,6 +520,13 @@ class GenerationController:
         async with aclosing(self._stream_on(rec, template, peer, tried)) as steps:
             async for _ in steps:
                 pass
+
+
+def _engine(req: GenerationRequest) -> dict[str, object]:
+    """An engine call's span attributes (its engine request id and prompt size)."""
+    if not tracing.ON:
+        return {}
+    return {"engine_rid": req.rid, "prompt_tokens": len(req.input_ids)}
 
 
 def _version(weight_version: str) -> int:

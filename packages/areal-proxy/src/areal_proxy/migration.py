@@ -23,7 +23,7 @@ from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
 from areal_proxy.engine.peer import CHANNEL_OPTIONS, PeerEngine, request_from
-from areal_runtime import tls
+from areal_runtime import tls, tracing
 from areal_runtime.auth import call_metadata
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class Migrator:
                     router_pb2.ListProxiesRequest(
                         model=self.model, kind=router_pb2.PROXY_KIND_INFERENCE
                     ),
-                    metadata=call_metadata(),
+                    metadata=tracing.metadata(call_metadata()),
                     timeout=ROUTER_TIMEOUT_S,
                 )
                 self._peers_error = ""

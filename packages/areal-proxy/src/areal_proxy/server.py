@@ -28,7 +28,7 @@ from areal_proxy.retirement import drain
 from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
 from areal_proxy.tokenizer import ModelTokenizer
-from areal_runtime import tls
+from areal_runtime import tls, tracing
 from areal_runtime.auth import server_interceptors
 from areal_runtime.offload import Offload
 from areal_runtime.ready import write_ready_file
@@ -324,6 +324,7 @@ def create_server(settings: Settings, engine: EngineClient | None = None) -> Pro
 
 
 async def serve(settings: Settings) -> int:
+    tracing.setup("areal-proxy")
     if settings.mode == "agent":
         from areal_proxy.agent.server import serve_agent
 
@@ -347,4 +348,5 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     log.info("signal received: shutting down")
     await server.shutdown()
+    tracing.shutdown()
     return 0

@@ -30,6 +30,7 @@ from areal_proxy.recording.claims import ExportClaims
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.retirement import drain
+from areal_runtime import tracing
 from areal_runtime.errors import (
     Conflict,
     DeadlineExceeded,
@@ -216,7 +217,8 @@ class ProxyServicer(
                 # A continuation on a peer (migration) is bounded by the same deadline.
                 REQUEST_DEADLINE.set(deadline)
                 async with asyncio.timeout_at(deadline):
-                    await work()
+                    with _request_span(rpc, request):
+                        await work()
                 self._count(rpc, "200")
                 return None
             except asyncio.CancelledError:
@@ -309,7 +311,10 @@ class ProxyServicer(
         # reads an envelope: the call's id and deadline as one.
         env = envelope_pb2.OpenAIRequest(
             envelope=envelope_pb2.Envelope(
-                request_id=request.rid, deadline_unix_ms=request.deadline_unix_ms
+                request_id=request.rid,
+                deadline_unix_ms=request.deadline_unix_ms,
+                # The calling replica's engine span, from the call's metadata ({} when off).
+                trace_context=tracing.metadata_carrier(context),
             )
         )
 
@@ -615,3 +620,21 @@ def add_to_server(servicer: ProxyServicer, server: grpc.aio.Server) -> None:
     """Register what an inference proxy serves; agent-mode RPCs are not registered at all."""
     proxy_pb2_grpc.add_InferenceProxyServiceServicer_to_server(servicer, server)
     proxy_pb2_grpc.add_ProxyStatusServiceServicer_to_server(servicer, server)
+
+
+def _request_span(rpc: str, request: envelope_pb2.OpenAIRequest) -> Any:
+    """One generation request as the proxy's SERVER span, child of the caller's context in
+    the envelope (tracing.py)."""
+    if not tracing.ON:
+        return tracing.NOOP
+    env = request.envelope
+    return tracing.span(
+        "proxy.request",
+        kind=tracing.SERVER,
+        parent=tracing.parent_from(env.trace_context),
+        rpc=rpc,
+        request_id=env.request_id,
+        session_id=env.session_id,
+        model=env.model,
+        stream=env.stream,
+    )

@@ -24,7 +24,7 @@ from areal_router.registry import Registry
 from areal_router.service import RouterService
 from areal_router.settings import RouterSettings
 from areal_router.store import StateStore
-from areal_runtime import tls
+from areal_runtime import tls, tracing
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
@@ -205,6 +205,7 @@ def create_server(settings: RouterSettings) -> RouterServer:
 
 async def serve(settings: RouterSettings) -> int:
     """Run until SIGTERM/SIGINT, then shut down; returns the exit code."""
+    tracing.setup("areal-router")
     server = create_server(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -224,4 +225,5 @@ async def serve(settings: RouterSettings) -> int:
         log.info("signal received: draining (up to %.1f s)", settings.drain_timeout)
     finally:
         await server.shutdown()
+        tracing.shutdown()
     return 0

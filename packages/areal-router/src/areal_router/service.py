@@ -15,6 +15,7 @@ from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
 from areal_router.registry import ModelState, Registry
 from areal_router.store import StateStore
+from areal_runtime import tracing
 from areal_runtime.errors import InvalidRequest, NotFound, ServiceError, Unavailable, abort
 from areal_runtime.logs import mask
 
@@ -37,6 +38,29 @@ _RESULTS: tuple[tuple[type[ServiceError], str], ...] = (
 
 def _result(err: ServiceError) -> str:
     return next((label for cls, label in _RESULTS if isinstance(err, cls)), "error")
+
+
+# Span attributes of the routing decisions (tracing.py): identifiers are attributes, never
+# metric labels. A group is pinned as `group:<id>` beside its sessions (the gateway's rl.py).
+_GROUP_PIN = "group:"
+
+
+def _route_attrs(r: router_pb2.RouteRequest) -> dict[str, object]:
+    return {"model": r.model, "session_id": r.session_id, "policy": r.policy}
+
+
+def _routed_attrs(r: router_pb2.RouteResponse) -> dict[str, object]:
+    return {"proxy_id": r.proxy_id, "lease_ms": r.lease_ms, "candidates": len(r.candidates)}
+
+
+def _bind_attrs(r: router_pb2.BindSessionRequest) -> dict[str, object]:
+    groups = [s[len(_GROUP_PIN) :] for s in r.session_ids if s.startswith(_GROUP_PIN)]
+    sessions = [s for s in r.session_ids if not s.startswith(_GROUP_PIN)]
+    return {
+        "model": r.model,
+        "group_id": groups[0] if groups else None,
+        "session_ids": sessions or None,
+    }
 
 
 class RouterService(router_pb2_grpc.RouterServiceServicer):
@@ -154,6 +178,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
 
     # -- routing --------------------------------------------------------
 
+    @tracing.rpc("router.Route", _route_attrs, _routed_attrs)
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouteResponse:
@@ -219,6 +244,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
             self.poller.nudge(p.proxy_id)
         self.metrics.leases.labels(model).inc()
 
+    @tracing.rpc("router.BindSession", _bind_attrs, lambda r: {"proxy_id": r.proxy_id})
     async def BindSession(
         self, request: router_pb2.BindSessionRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.BindSessionResponse:

@@ -22,6 +22,7 @@ from areal_gateway.clients.common import (
 )
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
 from areal_runtime.batching import take_batch
 from areal_runtime.errors import (
@@ -448,7 +449,7 @@ class ProxyClient:
         self, method: Any, request: Any, timeout_s: float | None = ROUTER_TIMEOUT
     ) -> Any:
         try:
-            return await method(request, timeout=timeout_s, metadata=self._md)
+            return await method(request, timeout=timeout_s, metadata=tracing.metadata(self._md))
         except grpc.RpcError as exc:
             raise proxy_error(exc, self.address, started=True) from None
 

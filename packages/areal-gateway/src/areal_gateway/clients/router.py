@@ -14,6 +14,7 @@ from areal_gateway.clients.common import (
     open_channel,
 )
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
 from areal_runtime.errors import from_rpc_error
 
@@ -34,7 +35,7 @@ class RouterClient:
 
     async def _call(self, method: Any, request: Any, timeout_s: float = ROUTER_TIMEOUT) -> Any:
         try:
-            return await method(request, timeout=timeout_s, metadata=self._md)
+            return await method(request, timeout=timeout_s, metadata=tracing.metadata(self._md))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, target="router") from None
 

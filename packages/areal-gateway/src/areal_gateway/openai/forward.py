@@ -37,6 +37,7 @@ from areal_gateway.prefix import prefix_hashes
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.router.v1 import router_pb2
+from areal_runtime import tracing
 from areal_runtime.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -180,6 +181,7 @@ class GenerationResponse(Response):
         self.deadline = self.start + timeout
         self.deadline_unix_ms = int((time.time() + timeout) * 1000)
         self._headers_sent = False
+        self._span: tracing.Span = tracing.NOOP
 
     def document(self) -> dict[str, Any]:
         if self.doc is None:
@@ -210,7 +212,17 @@ class GenerationResponse(Response):
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await self._run(send)
+            with tracing.span(
+                "gateway.request",
+                kind=tracing.SERVER,
+                parent=tracing.parent_from_headers(scope["headers"]),
+                endpoint=self.endpoint.label,
+                model=self.model,
+                session_id=self.principal.session_id,
+                request_id=self.request_id,
+                stream=self.stream,
+            ) as self._span:
+                await self._run(send)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -247,6 +259,7 @@ class GenerationResponse(Response):
 
     async def _send_whole(self, send: Send, status: int, body: bytes) -> None:
         self._headers_sent = True
+        self._span.set(status=status)
         await send(
             {
                 "type": "http.response.start",
@@ -262,6 +275,7 @@ class GenerationResponse(Response):
 
     async def _start_stream(self, send: Send, status: int = 200) -> None:
         self._headers_sent = True
+        self._span.set(status=status)
         await send(
             {
                 "type": "http.response.start",
@@ -281,6 +295,8 @@ class GenerationResponse(Response):
             deadline_unix_ms=self.deadline_unix_ms,
             session_id=p.session_id,
             is_admin=p.is_admin,
+            # The proxy's spans join the gateway's proxy call (tracing.py): {} when off.
+            trace_context=tracing.carrier(),
         )
         return generation_request(envelope, self.raw_body)
 
@@ -307,15 +323,18 @@ class GenerationResponse(Response):
     async def _internal(self, send: Send) -> None:
         gw = self.gw
         routes = gw.routes
-        request = self._request()
         retries = 0
         while True:
-            route = await routes.route(
-                self.model,
-                session_id=self.principal.session_id,
-                timeout_s=min(self.remaining(), 10.0),
-                prefix=self._prefix,
-            )
+            with tracing.span(
+                "gateway.route", model=self.model, session_id=self.principal.session_id
+            ) as found:
+                route = await routes.route(
+                    self.model,
+                    session_id=self.principal.session_id,
+                    timeout_s=min(self.remaining(), 10.0),
+                    prefix=self._prefix,
+                )
+                found.set(proxy_id=route.proxy_id)
             if route.model.kind == router_pb2.MODEL_KIND_EXTERNAL:
                 await self._external(send, route.model)
                 return
@@ -325,14 +344,15 @@ class GenerationResponse(Response):
             client = gw.proxies.get(route.address)
             routes.acquire(route.address)
             try:
-                if self.stream:
-                    await self._stream_from(
-                        send,
-                        self.endpoint.stream(client, request, self.remaining()),
-                    )
-                else:
-                    body = await self.endpoint.unary(client, request, self.remaining())
-                    await self._send_whole(send, 200, self._result(body))
+                with tracing.span(
+                    "gateway.proxy",
+                    kind=tracing.CLIENT,
+                    model=self.model,
+                    session_id=self.principal.session_id,
+                    proxy_id=route.proxy_id,
+                    attempt=retries,
+                ):
+                    await self._call_proxy(send, client)
                 return
             except ServiceError as err:
                 # Nothing ran there: the proxy was unreachable, closed its stream unread, or is
@@ -357,6 +377,15 @@ class GenerationResponse(Response):
                 )
             finally:
                 routes.release(route.address)
+
+    async def _call_proxy(self, send: Send, client: ProxyClient) -> None:
+        # Made here, inside the call's span, whose context the envelope carries.
+        request = self._request()
+        if self.stream:
+            await self._stream_from(send, self.endpoint.stream(client, request, self.remaining()))
+        else:
+            body = await self.endpoint.unary(client, request, self.remaining())
+            await self._send_whole(send, 200, self._result(body))
 
     async def _stream_from(self, send: Send, batches: AsyncIterator[list[bytes]]) -> None:
         metrics = self.gw.metrics

@@ -27,6 +27,7 @@ from areal_proxy.engine.base import (
     GenerationResult,
     collect,
 )
+from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
 from areal_runtime.errors import InvalidRequest, from_rpc_error
 
@@ -159,7 +160,8 @@ class PeerEngine:
             deadline_unix_ms=deadline_ms,
             top_logprobs=req.top_logprobs,
         )
-        call = self._stub.ContinueGeneration(msg, metadata=call_metadata(), timeout=left)
+        md = tracing.metadata(call_metadata())
+        call = self._stub.ContinueGeneration(msg, metadata=md, timeout=left)
         rid = req.rid or ""
         if rid:
             self._calls[rid] = call

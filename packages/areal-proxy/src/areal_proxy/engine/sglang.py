@@ -25,7 +25,12 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
-from areal_proxy.engine.transport import CONNECT_TIMEOUT_S, NOT_CONNECTED, retry_unconnected
+from areal_proxy.engine.transport import (
+    CONNECT_TIMEOUT_S,
+    NOT_CONNECTED,
+    retry_unconnected,
+    trace_configs,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # The connection broke under a request (server disconnected, reset, or the body cut short):
@@ -146,6 +151,7 @@ class SGLangClient:
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                 json_serialize=lambda o: orjson.dumps(o).decode(),
+                trace_configs=trace_configs(),
             )
         return self._session
 

@@ -8,6 +8,8 @@ from typing import TypeVar
 
 import aiohttp
 
+from areal_runtime import tracing
+
 _T = TypeVar("_T")
 
 # How long a connection to an engine may take to open (aiohttp's `sock_connect`).
@@ -24,6 +26,23 @@ NOT_CONNECTED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # failing the trainer's pause on that is worse than trying again.
 CONTROL_ATTEMPTS = 3
 CONTROL_RETRY_WAIT_S = 0.2
+
+
+def trace_configs() -> list[aiohttp.TraceConfig]:
+    """An engine session's `trace_configs`: each HTTP request to the engine carries the
+    current span as `traceparent` (tracing.py). None while tracing is off, so aiohttp does
+    no per-request work for it."""
+    if not tracing.ON:
+        return []
+    config = aiohttp.TraceConfig()
+    config.on_request_start.append(_inject_trace)
+    return [config]
+
+
+async def _inject_trace(
+    session: aiohttp.ClientSession, ctx: object, params: aiohttp.TraceRequestStartParams
+) -> None:
+    tracing.inject_into(params.headers)
 
 
 async def retry_unconnected(call: Callable[[], Awaitable[_T]]) -> _T:

@@ -46,7 +46,12 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
-from areal_proxy.engine.transport import CONNECT_TIMEOUT_S, NOT_CONNECTED, retry_unconnected
+from areal_proxy.engine.transport import (
+    CONNECT_TIMEOUT_S,
+    NOT_CONNECTED,
+    retry_unconnected,
+    trace_configs,
+)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKEN_PREFIX = "token_id:"
@@ -242,6 +247,7 @@ class VLLMClient:
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                 json_serialize=lambda o: orjson.dumps(o).decode(),
+                trace_configs=trace_configs(),
             )
         return self._session
 

@@ -30,6 +30,7 @@ from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
 from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_runtime import tracing
 from areal_runtime.errors import InvalidRequest
 from areal_runtime.offload import Offload, OffloadFailed
 from areal_runtime.openai import (
@@ -305,6 +306,15 @@ class InferenceCore:
     async def prepare_chat(
         self, body: bytes, env: Envelope | None, rid: str
     ) -> tuple[ChatRequest, Prepared]:
+        """Screen, parse, open the turn, render and tokenize, start the generations."""
+        with tracing.span("proxy.prepare", endpoint="chat", body_bytes=len(body)) as sp:
+            req, p = await self._prepare_chat(body, env, rid)
+            _note_prepared(sp, p)
+            return req, p
+
+    async def _prepare_chat(
+        self, body: bytes, env: Envelope | None, rid: str
+    ) -> tuple[ChatRequest, Prepared]:
         await self._screened(SCREEN_CHAT, body, env)
         req = parse_chat(body)
         # A big body is rendered and checked against the context first (off the loop): a
@@ -357,6 +367,14 @@ class InferenceCore:
         return ids
 
     async def prepare_completion(
+        self, body: bytes, env: Envelope | None, rid: str
+    ) -> tuple[CompletionRequest, Prepared]:
+        with tracing.span("proxy.prepare", endpoint="completions", body_bytes=len(body)) as sp:
+            req, p = await self._prepare_completion(body, env, rid)
+            _note_prepared(sp, p)
+            return req, p
+
+    async def _prepare_completion(
         self, body: bytes, env: Envelope | None, rid: str
     ) -> tuple[CompletionRequest, Prepared]:
         await self._screened(SCREEN_COMPLETION, body, env)
@@ -435,9 +453,31 @@ class InferenceCore:
     ) -> None:
         """Record one answered choice of a session's turn (nothing without a session)."""
         if ot is not None and self.recorder is not None:
-            await self.recorder.commit(
-                ot, messages=messages, response=response, rec=rec, finish_reason=finish
-            )
+            session = ot.turn.session
+            with tracing.span(
+                "proxy.commit",
+                session_id=session.session_id,
+                group_id=session.group_id,
+                interaction_id=ot.interaction_id,
+                output_tokens=len(rec.token_ids),
+            ):
+                await self.recorder.commit(
+                    ot, messages=messages, response=response, rec=rec, finish_reason=finish
+                )
+
+
+def _note_prepared(sp: tracing.Span, p: Prepared) -> None:
+    """The prepared request's identity and size on its span (off: nothing computed)."""
+    if not tracing.ON:
+        return
+    ot = p.ot
+    sp.set(
+        rid=p.rid,
+        session_id=ot.turn.session.session_id if ot is not None else None,
+        group_id=ot.turn.session.group_id if ot is not None else None,
+        prompt_tokens=sum(len(x) for x in p.prompts),
+        choices=len(p.recs),
+    )
 
 
 def _heavy(body: bytes, ot: OpenTurn | None) -> bool:

@@ -5,8 +5,10 @@ Types shared by every areal service. Growing the contract is additive:
 new fields get new numbers, nothing is renumbered or reused.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -26,6 +28,26 @@ class Envelope(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     API_KEY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
@@ -33,6 +55,7 @@ class Envelope(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     IS_ADMIN_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique per client request; echoed in logs and responses."""
     api_key: _builtins.str
@@ -49,6 +72,13 @@ class Envelope(_message.Message):
     """Session the request belongs to, when the key is a session key."""
     is_admin: _builtins.bool
     """True when api_key is the service's admin key."""
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The caller's W3C trace context ("traceparent", "tracestate") when tracing is on;
+        empty otherwise. It travels here rather than in gRPC metadata because one Generate
+        stream carries many requests, each with its own trace (docs/services.md, "Tracing").
+        """
+
     def __init__(
         self,
         *,
@@ -59,10 +89,11 @@ class Envelope(_message.Message):
         deadline_unix_ms: _builtins.int = ...,
         session_id: _builtins.str = ...,
         is_admin: _builtins.bool = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "deadline_unix_ms", b"deadline_unix_ms", "is_admin", b"is_admin", "model", b"model", "request_id", b"request_id", "session_id", b"session_id", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "deadline_unix_ms", b"deadline_unix_ms", "is_admin", b"is_admin", "model", b"model", "request_id", b"request_id", "session_id", b"session_id", "stream", b"stream", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
