@@ -140,9 +140,7 @@ def _tree(spans: list[dict[str, Any]], root_parent: str) -> None:
     client's: one tree under the client's span."""
     ids = {s["id"] for s in spans}
     roots = [s for s in spans if s["parent"] not in ids]
-    assert [r["parent"] for r in roots] == [root_parent], [
-        (r["name"], r["parent"]) for r in roots
-    ]
+    assert [r["parent"] for r in roots] == [root_parent], [(r["name"], r["parent"]) for r in roots]
 
 
 def test_one_chat_is_one_trace_across_gateway_router_and_proxy(stack, receiver):

@@ -141,7 +141,12 @@ def unit_doc(
         "name": name,
         "base_dir": str(st.group_dir(launcher.group) / "ray"),
         "shared_dir": launcher.state["ray"].get("shared_dir") or "",
-        "env": {},
+        # OpenTelemetry's standard configuration reaches every unit's processes, as a local
+        # service's inherit it (docs/services.md, "Tracing"); OTEL_*HEADERS may hold a
+        # collector's credentials and stays on the machine it was set on.
+        "env": {
+            k: v for k, v in os.environ.items() if k.startswith("OTEL_") and "HEADERS" not in k
+        },
         "tls": tls,
         "supervision": launcher.state.get("supervision") or {},
         "needs": needs,
