@@ -104,3 +104,18 @@ def test_bad_base_urls(url: str) -> None:
 
 def test_good_base_url_is_normalized() -> None:
     assert normalize_base_url(" https://api.example.com/v1/ ") == "https://api.example.com/v1"
+
+
+def test_every_served_endpoint_has_its_own_metrics_label():
+    """RL, Responses and Messages calls are labelled by endpoint (not `other`), an id in a
+    path never becomes a label value."""
+    from areal_gateway.metrics import endpoint_label
+
+    assert endpoint_label("/v1/responses") == "responses"
+    assert endpoint_label("/v1/messages") == "messages"
+    assert endpoint_label("/rl/start_session") == "rl_start_session"
+    assert endpoint_label("/rl/export_trajectories") == endpoint_label("/export_trajectories")
+    assert endpoint_label("/rl/sessions/sess-1") == endpoint_label("/rl/sessions/sess-2")
+    assert endpoint_label("/v1/sessions/abc/history") == "agent_sessions"
+    assert endpoint_label("/admin/models/m") == "admin"
+    assert endpoint_label("/nope") == "other"

@@ -329,7 +329,7 @@ async def test_metrics_endpoint_counts_requests_and_tokens():
         )
         assert 'areal_proxy_requests_total{rpc="ChatCompletion",status="200"} 1.0' in text
         assert 'areal_proxy_requests_total{rpc="ChatCompletion",status="400"} 1.0' in text
-        assert "areal_proxy_completion_tokens_total 3.0" in text
+        assert 'areal_proxy_completion_tokens_total{model="tiny-parrot"} 3.0' in text
         assert "areal_proxy_time_to_first_token_seconds_count 1.0" in text
         assert "areal_proxy_inflight_requests 0.0" in text
     finally:

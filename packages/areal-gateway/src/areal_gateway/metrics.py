@@ -27,18 +27,36 @@ ENDPOINTS = {
     "/chat/completions": "chat",
     "/v1/completions": "completions",
     "/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
     "/v1/models": "models",
+    "/rl/start_session": "rl_start_session",
+    "/rl/set_reward": "rl_set_reward",
+    "/rl/end_session": "rl_end_session",
+    "/rl/export_trajectories": "rl_export",
+    "/export_trajectories": "rl_export",
+    "/rl/ack_export": "rl_ack_export",
+    "/openapi.json": "openapi",
     "/health": "health",
     "/metrics": "metrics",
 }
+# Paths with an id in them: one label per kind, never per id (bounded label values).
+PREFIXES = (
+    ("/rl/sessions/", "rl_session"),
+    ("/v1/sessions", "agent_sessions"),
+    ("/v1/messages/", "messages"),
+    ("/v1/responses/", "responses"),
+    ("/admin/", "admin"),
+)
 
 
 def endpoint_label(path: str) -> str:
     label = ENDPOINTS.get(path)
     if label is not None:
         return label
-    if path.startswith("/admin/"):
-        return "admin"
+    for prefix, name in PREFIXES:
+        if path.startswith(prefix):
+            return name
     return "other"
 
 

@@ -40,7 +40,7 @@ class _Served:
 
 
 class ProxyMetrics(_Served):
-    def __init__(self) -> None:
+    def __init__(self, model: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -65,10 +65,13 @@ class ProxyMetrics(_Served):
         self.inflight = Gauge(
             "areal_proxy_inflight_requests", "generation RPCs in flight", registry=r
         )
-        self.prompt_tokens = Counter("areal_proxy_prompt_tokens_total", "prompt tokens", registry=r)
+        # By model (one per proxy: what a dashboard summing proxies groups by).
+        self.prompt_tokens = Counter(
+            "areal_proxy_prompt_tokens_total", "prompt tokens", ["model"], registry=r
+        ).labels(model)
         self.completion_tokens = Counter(
-            "areal_proxy_completion_tokens_total", "generated tokens", registry=r
-        )
+            "areal_proxy_completion_tokens_total", "generated tokens", ["model"], registry=r
+        ).labels(model)
         self.engine_errors = Counter(
             "areal_proxy_engine_errors_total", "engine failures by kind", ["kind"], registry=r
         )

@@ -91,7 +91,7 @@ class ProxyServer:
             turn_cache_bytes=settings.prompt_cache_mb << 20,
             proxy_id=settings.proxy_id,
         )
-        self.metrics = ProxyMetrics()
+        self.metrics = ProxyMetrics(model=settings.model)
         self.migrator = Migrator(
             proxy_id=settings.proxy_id,
             model=settings.model,
