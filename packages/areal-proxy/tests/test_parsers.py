@@ -171,3 +171,26 @@ def test_registering_new_families() -> None:
     assert [c.name for c in parsed.tool_calls] == ["ping"]
     with pytest.raises(ValueError):
         register_tool_parser("test-bracket")(type("Other", (ToolParser,), {}))
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "<tool_call>",
+        "<tool_call>\n",
+        '<tool_call>\n{"name": "get_weather", "argu',
+        "<tool_call>\nnot json and no end tag",
+    ],
+)
+def test_a_call_cut_off_by_max_tokens_never_leaks_into_content(tail) -> None:
+    """SmolLM2 at t=0 under tool_choice required: whole calls, then `max_tokens` inside the
+    next one. The whole calls are calls; the cut one is dropped, whole or streamed."""
+    text = HERMES_CALL + HERMES_CALL + tail
+    parsed = OutputParser("hermes", None, TOOLS).parse(text)
+    assert len(parsed.tool_calls) == 2 and not parsed.content
+    streamer = OutputParser("hermes", None, TOOLS).streamer()
+    events = [e for ch in text for e in streamer.feed(ch)] + streamer.finish()
+    assert not [e for e in events if isinstance(e, ContentDelta) and e.text.strip()]
+    # Text before a cut call is kept.
+    parsed = OutputParser("hermes", None, TOOLS).parse("Let me check. " + tail)
+    assert parsed.content.rstrip() == "Let me check." and not parsed.tool_calls

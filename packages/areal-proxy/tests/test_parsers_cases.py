@@ -131,7 +131,8 @@ CASES: list[Case] = [
         "hermes",
         None,
         'Sure <tool_call>\n{"name": "f", "arguments": {"a": "b',
-        'Sure <tool_call>\n{"name": "f", "arguments": {"a": "b',
+        # Cut off by max_tokens: the call is dropped, its markup never shown as content.
+        "Sure ",
         None,
         [],
     ),

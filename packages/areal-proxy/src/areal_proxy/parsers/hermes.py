@@ -35,7 +35,7 @@ class HermesToolParser(ToolParser):
         if self._json_at < 0:
             stripped = body.lstrip()
             if not stripped:
-                return None if not final else Region(len(body), None)
+                return None if not final else Region(len(body), None, cut=True)
             if stripped[0] in "{[":
                 self._json_at = len(body) - len(stripped)
         if self._json_at >= 0:
@@ -43,7 +43,7 @@ class HermesToolParser(ToolParser):
             # argument does not cut the call short.
             end = self._scan.scan(body[self._json_at :])
             if end is None:
-                return None if not final else Region(len(body), None)
+                return None if not final else Region(len(body), None, cut=True)
             end += self._json_at
             rest = body[end:].lstrip()
             if not rest:
@@ -62,5 +62,6 @@ class HermesToolParser(ToolParser):
             if not final:
                 self._search_from = max(0, len(body) - len(self.end) + 1)
                 return None
-            return Region(len(body), calls_from_json(body))
+            calls = calls_from_json(body)
+            return Region(len(body), calls, cut=calls is None)
         return Region(i + len(self.end), calls_from_json(body[:i]))

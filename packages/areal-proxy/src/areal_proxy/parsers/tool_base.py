@@ -33,11 +33,14 @@ class Region:
     """How a region read: ``consumed`` characters after the marker, and the calls.
 
     ``calls`` None: the region is not a valid tool call; the marker and the
-    consumed text become content. ``calls`` []: markup consumed silently.
+    consumed text become content, unless ``cut``: the output ended inside the call
+    (``max_tokens``), and a call cut off is dropped, never shown as content.
+    ``calls`` []: markup consumed silently.
     """
 
     consumed: int
     calls: list[tuple[str, str]] | None
+    cut: bool = False
 
 
 _CONTENT, _REGION, _AFTER_CALL = 0, 1, 2
@@ -191,7 +194,8 @@ class ToolParser:
             return False
         consumed = region.consumed
         if region.calls is None:
-            self._content(self._marker + self._buf[:consumed])
+            if not (final and region.cut):
+                self._content(self._marker + self._buf[:consumed])
             self._mode = _CONTENT
         else:
             self._emit_calls(region.calls)
