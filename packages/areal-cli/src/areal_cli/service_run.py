@@ -26,7 +26,12 @@ from areal_cli.launcher import (
     stop_signals,
 )
 from areal_cli.readdress import follow_moves
-from areal_cli.reconcile import components, service_status, terminate_components
+from areal_cli.reconcile import (
+    components,
+    service_gone,
+    service_status,
+    terminate_components,
+)
 from areal_cli.watchdog import Watchdog
 
 
@@ -140,7 +145,7 @@ def monitor_foreground(
     """
 
     def gone(s: dict[str, Any] | None) -> bool:
-        return s is None or s.get("instance") != instance or s.get("phase") == "stopped"
+        return service_gone(s, instance)
 
     try:
         with stop_signals():
