@@ -105,7 +105,7 @@ class Areal:
         """Live processes started under this AREAL_HOME (it is in their environment), but
         not the CLI itself (a foreground run under test)."""
         return supervisor.processes_with_env(
-            f"AREAL_HOME={self.home}", cmdline=lambda argv: b"areal_cli.main" not in argv
+            f"AREAL_HOME={self.home}", cmdline=lambda argv: "areal_cli.main" not in argv
         )
 
     def wait_no_processes(self, timeout: float = 15.0) -> list[int]:

@@ -62,9 +62,8 @@ class Fakes:
 
     def pids(self) -> list[int]:
         """Live stand-in service processes started under this home (seen in their environment)."""
-        name = FAKE.name.encode()
         return supervisor.processes_with_env(
-            f"AREAL_HOME={self.home}", cmdline=lambda argv: name in argv
+            f"AREAL_HOME={self.home}", cmdline=lambda argv: any(FAKE.name in a for a in argv)
         )
 
     def wait_gone(self, timeout: float = 10.0) -> list[int]:

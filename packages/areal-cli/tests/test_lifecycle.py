@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from areal_cli import lifecycle, supervisor
+from areal_cli import lifecycle, service_logs, supervisor
 from areal_cli import state as st
 
 
@@ -174,7 +174,7 @@ def test_logs_unknown_component_lists_names(home, spawned, capsys):
     (d / "gateway.log").write_text("a\nb\nc\n")
     (d / "router.log").write_text("r\n")
     with pytest.raises(CLIError) as info:
-        lifecycle.logs("inf", "svc", "gatewya", follow=False, lines=5)
+        service_logs.logs("inf", "svc", "gatewya", follow=False, lines=5)
     assert "available: gateway, router" in info.value.message
-    lifecycle.logs("inf", "svc", "gateway", follow=False, lines=2)
+    service_logs.logs("inf", "svc", "gateway", follow=False, lines=2)
     assert capsys.readouterr().out == "b\nc\n"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from areal_cli import supervisor
+from areal_cli import components, supervisor
 
 
 def _sleeper(tmp_path, name="sleeper", code="import time; time.sleep(60)"):
@@ -147,7 +147,7 @@ def test_signal_own_pid_is_refused():
     me = supervisor.Component(
         "me", os.getpid(), os.getpgid(0), supervisor.proc_start_time(os.getpid()) or 0, [], ""
     )
-    assert supervisor._signal_group(me, signal.SIGTERM) is False
+    assert components.signal_group(me, signal.SIGTERM) is False
 
 
 def test_processes_with_env_finds_what_carries_the_marker(tmp_path):
@@ -161,10 +161,10 @@ def test_processes_with_env_finds_what_carries_the_marker(tmp_path):
     other, other_comp = _sleeper(tmp_path, "unmarked")
     try:
         assert supervisor.processes_with_env(entry) == [proc.pid]
-        assert supervisor.processes_with_env(entry, cmdline=lambda a: b"marked-sleeper" in a) == [
+        assert supervisor.processes_with_env(entry, cmdline=lambda a: "marked-sleeper" in a) == [
             proc.pid
         ]
-        assert supervisor.processes_with_env(entry, cmdline=lambda a: b"nope" in a) == []
+        assert supervisor.processes_with_env(entry, cmdline=lambda a: "nope" in a) == []
     finally:
         supervisor.terminate(
             [[comp, other_comp]], grace=2, procs={proc.pid: proc, other.pid: other}

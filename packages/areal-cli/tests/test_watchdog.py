@@ -257,7 +257,7 @@ def test_watchdog_exits_when_service_stopped(svc):
 
 def _guards(home) -> list[int]:
     return supervisor.processes_with_env(
-        f"AREAL_HOME={home}", cmdline=lambda argv: b"areal_cli.guard" in argv
+        f"AREAL_HOME={home}", cmdline=lambda argv: "areal_cli.guard" in argv
     )
 
 

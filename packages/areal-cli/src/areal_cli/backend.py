@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from areal_cli.components import Component
 from areal_cli.errors import CLIError
 
 ENGINES = ("sglang", "vllm")
@@ -132,8 +133,6 @@ def allocate(backend: Backend, devices: Iterable[int], used: Iterable[int]) -> l
 
 def used_gpus(states: Iterable[dict]) -> set[int]:
     """GPUs held by replicas whose engine is alive, over the given service states."""
-    from areal_cli.supervisor import Component
-
     used: set[int] = set()
     for st in states:
         comps = st.get("components", {})

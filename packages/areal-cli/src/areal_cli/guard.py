@@ -15,17 +15,18 @@ the watchdog, so a guard cannot restart what is being stopped.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from areal_cli import state as st
 from areal_cli import supervisor
+from areal_cli.components import Component
 from areal_cli.errors import CLIError
-from areal_cli.supervisor import Component
+from areal_cli.reconcile import service_gone
 
 CHECK_INTERVAL = 0.5
 
@@ -42,12 +43,6 @@ def _watchdog(s: dict[str, Any]) -> Component | None:
     return None
 
 
-def _gone(s: dict[str, Any] | None, instance: str | None) -> bool:
-    if s is None or s.get("phase") == "stopped":
-        return True
-    return instance is not None and s.get("instance") != instance
-
-
 def _log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
@@ -61,23 +56,12 @@ def restart_watchdog(group: str, service: str, instance: str | None, dead_pid: i
         return False  # busy (a stop, a register, a watchdog tick): look again later
     try:
         s = st.load(group, service)
-        if _gone(s, instance) or s is None or s.get("phase") != "running":
+        if service_gone(s, instance) or s is None or s.get("phase") != "running":
             return True
         cur = _watchdog(s)
         if cur is None or cur.pid != dead_pid or cur.alive():
             return True  # replaced meanwhile
-        from areal_cli.watchdog import component_env
-
-        env = component_env(group, service, cur)
-        cwd = cur.meta.get("cwd") or None
-        _proc, new = supervisor.spawn(
-            cur.name,
-            list(cur.argv),
-            Path(cur.log),
-            env=env,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            meta=dict(cur.meta),
-        )
+        _proc, new = supervisor.respawn(group, service, cur)
         info = dict(cur.meta.get("supervision") or {})
         new.meta["restarted_at"] = time.time()
         new.meta["supervision"] = {
@@ -105,7 +89,7 @@ def run(group: str, service: str, instance: str | None, parent: int) -> int:
             s = st.load(group, service)
         except CLIError:
             continue  # a write in progress elsewhere: read again next time
-        if _gone(s, instance) or s is None:
+        if service_gone(s, instance) or s is None:
             return 0
         wd = _watchdog(s)
         if wd is None:
@@ -119,8 +103,6 @@ def run(group: str, service: str, instance: str | None, parent: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m areal_cli.guard")
     p.add_argument("--group", required=True, choices=st.GROUPS)
     p.add_argument("--service", required=True)

@@ -4,13 +4,13 @@ Shared by `areal inf` and `areal agent`. A Launcher spawns each component in
 its own process group, records it in the service state at once (so a CLI that
 is killed mid-launch leaves state that `stop` / `run --force` can clean up),
 waits for it to be ready, and on any failure stops everything it started.
+The shared `run` around it (lock, secrets, foreground watch) is service_run.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -21,10 +21,13 @@ from typing import Any, NoReturn
 
 from areal_cli import state as st
 from areal_cli import supervisor
+from areal_cli.components import Component, LaunchError, http_url
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
+from areal_cli.http import gateway_healthy
 from areal_cli.private_files import make_dir
-from areal_cli.supervisor import Component, LaunchError
+from areal_cli.reconcile import terminate_components
+from areal_cli.supervisor import SECRET_ENV
 
 # The gateway reads its session-key signing secret from here (areal_runtime.session_keys
 # SECRET_ENV; the CLI does not depend on the runtime package).
@@ -65,20 +68,6 @@ def check_log_level(level: str) -> str:
     if level not in LOG_LEVELS:
         raise CLIError(f"invalid --log-level '{level}' (choose from {', '.join(LOG_LEVELS)})", 2)
     return level
-
-
-def connect_host(host: str) -> str:
-    """Where to reach a server bound to `host` from this machine."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
-
-
-def http_url(host: str, port: int) -> str:
-    h = connect_host(host)
-    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
 
 
 def self_identity(foreground: bool) -> dict[str, Any]:
@@ -145,8 +134,6 @@ class Launcher:
     ) -> tuple[Any, Component]:
         if name in self.state.setdefault("components", {}):
             raise CLIError(f"component '{name}' already exists in service '{self.service}'")
-        from areal_cli.watchdog import SECRET_ENV
-
         env = env or {}
         # What the watchdog needs to respawn it: the environment without secrets (their
         # names only; the values are re-read from the 0600 secrets file) and the cwd.
@@ -223,8 +210,6 @@ class Launcher:
     # -- failure ---------------------------------------------------------
     def abort(self, comps: list[Component] | None = None, grace: float = 3.0) -> None:
         """Stop the given (default: all started) components and forget them in state."""
-        from areal_cli.lifecycle import terminate_components
-
         comps = self.started if comps is None else comps
         terminate_components(comps, grace=grace, procs=self.procs)
         for c in comps:
@@ -250,108 +235,6 @@ def stop_signals():
             signal.signal(s, h)
 
 
-# -- starting a service -------------------------------------------------
-
-
-def run_service(
-    group: str,
-    service: str,
-    *,
-    force: bool,
-    host: str,
-    port: int,
-    port_setting: str,
-    admin_api_key: str,
-    extra_secrets: dict[str, str] | None,
-    new_state: Callable[[], dict[str, Any]],
-    start: Callable[[Launcher], None],
-    detach: bool,
-    supervise: bool,
-    summary: Callable[[Launcher], None],
-) -> int:
-    """`areal <group> run` around its group's `start`: under the service lock clear the
-    old state, save the secrets and `start` the components; then mark the service
-    running, print the summary and return (`detach`) or watch it in the foreground.
-
-    A launch that fails or is interrupted stops everything it started and leaves no
-    state; its progress line says "run failed". `new_state` is called once
-    the old state is gone, so `created_at` is now.
-    """
-    lock = st.Lock(group, service)
-    lock.acquire()
-    try:
-        clear_existing(group, service, force)
-        if port and supervisor.port_in_use(host, port):
-            raise CLIError(
-                f"port {port} on {host} is already in use: choose another --port "
-                f"(or {port_setting})"
-            )
-        token = secrets.token_urlsafe(32)
-        # Signs the gateway's session keys; kept with the other secrets so the watchdog gives
-        # a restarted gateway the same one (its sessions' keys keep working). Per run, like
-        # the sessions themselves.
-        session_key_secret = secrets.token_urlsafe(32)
-        secret_doc = {
-            "admin_api_key": admin_api_key,
-            "internal_token": token,
-            "session_key_secret": session_key_secret,
-        }
-        st.save_secrets(group, service, {**secret_doc, **(extra_secrets or {})})
-        launcher = Launcher(
-            group,
-            service,
-            new_state(),
-            {"AREAL_INTERNAL_TOKEN": token},
-            gateway_env={SESSION_KEY_SECRET_ENV: session_key_secret},
-        )
-        try:
-            with stop_signals():
-                start(launcher)
-                launcher.state["phase"] = "running"
-                launcher.save()
-                if detach and supervise:
-                    start_watchdog(launcher)
-        except BaseException as e:
-            fail_launch(launcher, e, "run", lambda: st.remove(group, service))
-    finally:
-        lock.release()
-    summary(launcher)
-    if detach:
-        return 0
-    return monitor_foreground(
-        group, service, launcher.state["instance"], launcher.procs, supervise=supervise
-    )
-
-
-def clear_existing(group: str, service: str, force: bool) -> None:
-    """Refuse over recorded state, or with --force stop what it records (pid-checked) first."""
-    from areal_cli.lifecycle import components, service_status, terminate_components
-
-    old = st.load(group, service)
-    if old is None:
-        return
-    status = service_status(old)
-    if not force:
-        if status in ("running", "degraded", "starting"):
-            url = (old.get("gateway") or {}).get("url") or "-"
-            raise CLIError(
-                f"{group} service '{service}' is already {status} (gateway {url}); "
-                f"stop it with `areal {group} stop --service {service}` or replace it with --force"
-            )
-        raise CLIError(
-            f"{group} service '{service}' has {status} state; clean it with "
-            f"`areal {group} stop --service {service}` or start over it with --force"
-        )
-    comps = list(components(old).values())
-    alive = [c for c in comps if supervisor.group_alive(c)]
-    if alive:
-        progress(f"--force: stopping {len(alive)} recorded component(s) of '{service}'")
-    survivors = terminate_components(comps, grace=5.0)
-    if survivors:
-        raise CLIError(f"--force: could not stop {', '.join(survivors)}")
-    st.remove(group, service)
-
-
 def start_router_gateway(
     launcher: Launcher,
     *,
@@ -374,8 +257,6 @@ def start_router_gateway(
     router listens on `router_host`: loopback, or with Ray the CLI node's address, where the
     data proxies on other nodes reach it (migration asks it for their peers).
     """
-    from areal_cli.http import gateway_healthy  # urllib: not for the watchdog's start-up
-
     state = launcher.state
     ready = launcher.ready_file("router")
     state_file = st.run_dir(launcher.group, launcher.service) / "router-state.json"
@@ -439,87 +320,3 @@ def fail_launch(
     if isinstance(e, KeyboardInterrupt | Interrupted):
         raise CLIError(f"{what} interrupted; everything it started was stopped", code=130) from None
     raise e from None
-
-
-def monitor_foreground(
-    group: str, service: str, instance: str, procs: dict[int, Any], supervise: bool = False
-) -> int:
-    """Watch a foreground service until Ctrl-C / SIGTERM (tear down, 0).
-
-    With `supervise` the in-process watchdog restarts dead or hung components
-    (areal_cli.watchdog); without it a death tears the whole service down (exit 1).
-    Re-reads the state each round, so components added by `register` are watched
-    and torn down too, and one removed by `deregister` is not reported. When the
-    state disappears (`areal <group> stop` from elsewhere) it returns 0.
-    """
-    from areal_cli.lifecycle import components, terminate_components
-
-    def gone(s: dict[str, Any] | None) -> bool:
-        return s is None or s.get("instance") != instance or s.get("phase") == "stopped"
-
-    try:
-        with stop_signals():
-            if supervise:
-                from areal_cli.watchdog import Watchdog
-
-                wd = Watchdog(group, service, instance=instance, procs=procs, log=progress)
-                while wd.tick():
-                    time.sleep(wd.current_policy().check_interval)
-                progress(f"{group} service '{service}' was stopped")
-                return 0
-            next_follow = 0.0
-            while True:
-                time.sleep(0.3)
-                for p in procs.values():
-                    p.poll()  # reap our children so a dead one is seen as dead
-                s = st.load(group, service)
-                if gone(s):
-                    progress(f"{group} service '{service}' was stopped")
-                    return 0
-                assert s is not None
-                if s.get("scheduler") == "ray" and time.monotonic() >= next_follow:
-                    from areal_cli.watchdog import Watchdog
-
-                    Watchdog(group, service, instance=instance, log=progress).follow_moves()
-                    next_follow = time.monotonic() + 2.0
-                # Components on a cluster are kept alive by their hosts; not torn down here.
-                here = [Component.from_dict(d) for d in (s.get("components") or {}).values()]
-                if all(c.alive() for c in here if not c.remote):
-                    continue
-                try:
-                    lock = st.Lock(group, service)
-                    lock.acquire()
-                except CLIError:
-                    continue  # someone (register / deregister / stop) is changing it
-                with lock:
-                    s = st.load(group, service)
-                    if gone(s):
-                        continue
-                    assert s is not None
-                    comps = components(s)
-                    dead = [c for c in comps.values() if not c.remote and not c.alive()]
-                    if not dead:
-                        continue
-                    lines = []
-                    for c in dead:
-                        p = procs.get(c.pid)
-                        code = f" (exit code {p.returncode})" if p is not None else ""
-                        lines.append(f"  {c.name} died{code}; log: {c.log}")
-                        tail = supervisor.log_tail(c.log, 10)
-                        lines += ["    " + ln for ln in tail.splitlines()]
-                    progress("\n".join(lines))
-                    progress(f"tearing down {group} service '{service}'")
-                    terminate_components(list(comps.values()), grace=5.0, procs=procs)
-                    st.remove(group, service)
-                names = ", ".join(c.name for c in dead)
-                raise CLIError(f"{names} of {group} service '{service}' died; service torn down")
-    except (KeyboardInterrupt, Interrupted):
-        progress(f"\nstopping {group} service '{service}' ...")
-        with st.locked(group, service, wait=60):
-            s = st.load(group, service)
-            if not gone(s):
-                assert s is not None
-                terminate_components(list(components(s).values()), grace=10.0, procs=procs)
-                st.remove(group, service)
-        progress(f"{group} service '{service}' stopped")
-        return 0

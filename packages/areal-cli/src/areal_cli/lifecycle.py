@@ -1,80 +1,35 @@
-"""Lifecycle shared by `areal inf` and `areal agent`: reconcile, ps, status, logs, stop.
+"""`ps`, `status` and `stop`, shared by `areal inf` and `areal agent`.
 
-A service state records components (supervisor.Component dicts) keyed by name;
-each has `meta.role` in {gateway, router, engine, proxy, worker}. Everything here
-works from the state file and /proc, so it is the same for both groups.
+A service state records components (components.Component dicts) keyed by name;
+each has `meta.role` in {gateway, router, engine, proxy, worker, watchdog}. Everything
+here works from the state file and the processes (reconcile.py), so it is the same for
+both groups. The top of the process layer: nothing of it imports this module.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from areal_cli import state as st
+from areal_cli.cluster import ray_scheduler
+from areal_cli.components import Component, sup_info
 from areal_cli.errors import CLIError
-from areal_cli.supervisor import Component
+from areal_cli.reconcile import comp_state as comp_state
+from areal_cli.reconcile import components as components
+from areal_cli.reconcile import service_status as service_status
+from areal_cli.reconcile import stop_tiers as stop_tiers
+from areal_cli.reconcile import terminate_components as terminate_components
 
-# Stop order: the watchdog first (so nothing is restarted), then data proxies, then
-# engines / agent workers, then gateway, then router.
-STOP_TIERS = (("watchdog",), ("proxy",), ("engine", "worker"), ("gateway",), ("router",))
+# `X as X` above: reconcile.py holds them; kept here for the code that reaches them as
+# `lifecycle.X`.
+
 DEFAULT_GRACE = 10.0
 
 
-def components(state: dict[str, Any]) -> dict[str, Component]:
-    """The recorded components; on a cluster, with what their hosts say of them now."""
-    if state.get("scheduler") == "ray":
-        from areal_cli.cluster import ray_scheduler
-
-        try:
-            ray_scheduler.refresh(state)
-        except CLIError as e:
-            # The cluster is not reachable: its components read as dead, and say why.
-            state["cluster_error"] = e.message
-    return {n: Component.from_dict(d) for n, d in (state.get("components") or {}).items()}
-
-
-def owner_alive(state: dict[str, Any]) -> bool:
-    o = state.get("owner") or {}
-    return (
-        bool(o) and Component("owner", o.get("pid", 0), 0, o.get("start_time", -1), [], "").alive()
-    )
-
-
-def comp_state(comp: Component, alive: bool | None = None) -> str:
-    """running | dead | restarting | failed (the last two recorded by the watchdog)."""
-    from areal_cli.watchdog import sup_state
-
-    sup = sup_state(comp)
-    if sup in ("restarting", "failed"):
-        return sup
-    alive = comp.alive() if alive is None else alive
-    return "running" if alive else "dead"
-
-
-def service_status(state: dict[str, Any], comps: dict[str, Component] | None = None) -> str:
-    """starting | running | degraded (a component not running) | stale (gateway dead) | stopped.
-
-    A gateway the watchdog is restarting makes the service degraded, not stale.
-    """
-    if state.get("phase") == "stopped":
-        return "stopped"
-    comps = components(state) if comps is None else comps
-    states = {n: comp_state(c) for n, c in comps.items()}
-    if state.get("phase") == "starting" and owner_alive(state):
-        return "starting"
-    gw = [n for n, c in comps.items() if c.meta.get("role") == "gateway"]
-    if not gw or not all(states[n] in ("running", "restarting") for n in gw):
-        return "stale"
-    return "running" if all(v == "running" for v in states.values()) else "degraded"
-
-
 def describe(comp: Component) -> dict[str, Any]:
-    from areal_cli.watchdog import sup_info
-
     alive = comp.alive()
     sup = sup_info(comp)
     d: dict[str, Any] = {
@@ -105,39 +60,6 @@ def describe(comp: Component) -> dict[str, Any]:
     return d
 
 
-def stop_tiers(comps: list[Component]) -> list[list[Component]]:
-    tiers: list[list[Component]] = []
-    seen: set[str] = set()
-    for roles in STOP_TIERS:
-        tier = [c for c in comps if c.meta.get("role") in roles]
-        seen.update(c.name for c in tier)
-        tiers.append(tier)
-    rest = [c for c in comps if c.name not in seen]
-    if rest:
-        tiers.insert(0, rest)
-    return [t for t in tiers if t]
-
-
-def terminate_components(
-    comps: list[Component], *, grace: float, force: bool = False, procs: dict | None = None
-) -> list[str]:
-    """Stop `comps` in tier order; the names of any that survived.
-
-    Components on a cluster go first, through their hosts (each host stops its proxy,
-    then its engine), then the local tiers."""
-    from areal_cli import supervisor
-
-    remote = [c for c in comps if c.remote]
-    survivors: list[str] = []
-    if remote:
-        from areal_cli.cluster import ray_scheduler
-
-        survivors = ray_scheduler.stop_remote(remote, grace=grace, force=force)
-    local = [c for c in comps if not c.remote]
-    supervisor.terminate(stop_tiers(local), grace=grace, force=force, procs=procs)
-    return survivors + [c.name for c in local if supervisor.group_alive(c)]
-
-
 def require_state(group: str, service: str) -> dict[str, Any]:
     s = st.load(group, service)
     if s is None:
@@ -157,8 +79,6 @@ def stop(
         t0 = time.monotonic()
         survivors = terminate_components(comps, grace=grace, force=force)
         if s.get("scheduler") == "ray":
-            from areal_cli.cluster import ray_scheduler
-
             address = (s.get("ray") or {}).get("ray_address", "auto")
             survivors += ray_scheduler.sweep(address, group, service, grace=grace, force=force)
         took = time.monotonic() - t0
@@ -251,6 +171,7 @@ def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
 
 def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any]:
     """The `status --json` document: `.gateway.url`, `.router`, per-model or per-pair objects."""
+    # urllib (http.client, ssl) only here: `ps` and `stop` start faster without it.
     from areal_cli.http import gateway_health
 
     s = require_state(group, service)
@@ -436,119 +357,3 @@ def status(group: str, service: str, *, as_json: bool, watch: bool, interval: fl
             time.sleep(interval)
         except KeyboardInterrupt:
             return 0
-
-
-# ---------------------------------------------------------------------- logs
-
-
-def available_logs(group: str, service: str) -> list[str]:
-    names: set[str] = set()
-    s = st.load(group, service)
-    if s:
-        names.update(components(s))
-    d = st.logs_dir(group, service)
-    if d.is_dir():
-        names.update(p.stem for p in d.glob("*.log"))
-    return sorted(names)
-
-
-def logs(group: str, service: str, component: str, *, follow: bool, lines: int) -> int:
-    st.check_name("service", service)
-    if lines < 0:
-        raise CLIError("-n must be 0 or more", code=2)
-    s = st.load(group, service)
-    path: Path | None = None
-    rec = (s.get("components") or {}).get(component) if s else None
-    if s and rec and (rec.get("meta") or {}).get("actor"):
-        return _remote_logs(s, rec, follow=follow, lines=lines)
-    if s and component in (s.get("components") or {}):
-        path = Path(s["components"][component]["log"])
-    elif "/" not in component and component not in ("", ".", ".."):
-        path = st.logs_dir(group, service) / f"{component}.log"
-    if path is None or not path.is_file():
-        avail = available_logs(group, service)
-        if not avail:
-            raise CLIError(f"no logs for {group} service '{service}'")
-        raise CLIError(
-            f"no log for component '{component}' of {group} service '{service}'; "
-            f"available: {', '.join(avail)}"
-        )
-    from areal_cli.supervisor import log_tail
-
-    out = sys.stdout
-    if lines:
-        text = log_tail(path, lines)
-        if text:
-            out.write(text + "\n")
-    out.flush()
-    if follow:
-        try:
-            _follow(path)
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
-def _remote_logs(s: dict[str, Any], rec: dict[str, Any], *, follow: bool, lines: int) -> int:
-    """A component's log from the node it runs on, read through its host."""
-    from areal_cli.cluster import ray_scheduler
-
-    # The last `lines` lines: read the last 64 KiB, as log_tail does for a local file.
-    data, offset = ray_scheduler.read_log(s, rec, -64 * 1024)
-    if lines:
-        text = b"\n".join(data.splitlines()[-lines:])
-        if text:
-            sys.stdout.buffer.write(text + b"\n")
-    sys.stdout.flush()
-    if not follow:
-        return 0
-    try:
-        while True:
-            data, new = ray_scheduler.read_log(s, rec, offset)
-            if new < offset:  # replaced: from its start
-                data, new = ray_scheduler.read_log(s, rec, 0)
-            if data:
-                sys.stdout.buffer.write(data)
-                sys.stdout.flush()
-            else:
-                time.sleep(0.3)
-            offset = new
-    except KeyboardInterrupt:
-        return 0
-
-
-def _follow(path: Path) -> None:
-    """tail -F: keep reading; reopen when the file is replaced or truncated."""
-    f = None
-    ino = None
-    pos = 0
-    try:
-        try:
-            f = open(path, "rb")
-            f.seek(0, os.SEEK_END)
-            pos = f.tell()
-            ino = os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            pass
-        while True:
-            if f is not None:
-                chunk = f.read()
-                if chunk:
-                    pos += len(chunk)
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.flush()
-                    continue
-            time.sleep(0.2)
-            try:
-                info = os.stat(path)
-            except FileNotFoundError:
-                continue
-            if f is None or info.st_ino != ino or info.st_size < pos:
-                if f is not None:
-                    f.close()
-                f = open(path, "rb")
-                ino = os.fstat(f.fileno()).st_ino
-                pos = 0
-    finally:
-        if f is not None:
-            f.close()

@@ -124,10 +124,10 @@ def add_lifecycle_commands(
         ] = False,
         lines: Annotated[int, typer.Option("--lines", "-n", help="Lines to show first.")] = 50,
     ) -> None:
-        from areal_cli import lifecycle
+        from areal_cli import service_logs
 
         name = service_name(ctx, service)
-        raise typer.Exit(lifecycle.logs(group, name, component, follow=follow, lines=lines))
+        raise typer.Exit(service_logs.logs(group, name, component, follow=follow, lines=lines))
 
     @app.command(help=stop_help)
     def stop(

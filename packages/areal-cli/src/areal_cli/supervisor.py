@@ -1,16 +1,18 @@
-"""Spawn components, wait until they are ready, terminate their process groups.
+"""Spawn components, wait until they are ready, terminate their process groups in tiers.
 
 No typer here: the CLI, the tests and the benchmarks all start real processes
 through this module. Every component runs in its own session (so its own
 process group), with stdout and stderr appended to its log file.
 
-A process is identified by (pid, start time); before signalling, the start
-time is checked again so a reused pid never gets a signal meant for a dead
-component.
+In the process layer it sits on components.py (the record, pid-checked signals) and
+procs.py (psutil); launcher, watchdog and guard sit on it. It also names what those
+modules and their callers use from below (`Component`, `group_alive`, ...), so
+`supervisor.X` keeps working for them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -18,79 +20,30 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal_cli import state as st
+from areal_cli.components import Component as Component
+from areal_cli.components import LaunchError as LaunchError
+from areal_cli.components import group_alive as group_alive
+from areal_cli.components import log_tail as log_tail
+from areal_cli.components import signal_group, signal_leader
 from areal_cli.private_files import CHILD_UMASK, open_append
+from areal_cli.procs import is_same_process as is_same_process
+from areal_cli.procs import processes_with_env as processes_with_env
+from areal_cli.procs import start_time as proc_start_time
 
-
-class LaunchError(Exception):
-    """A component failed to start; carries its log path and last lines."""
-
-    def __init__(self, component: str, reason: str, log: Path | None = None) -> None:
-        self.component = component
-        self.reason = reason
-        self.log = log
-        tail = log_tail(log, 15) if log else ""
-        msg = f"{component} failed to start: {reason}"
-        if log:
-            msg += f"\n  log: {log}"
-        if tail:
-            msg += "\n  last lines:\n" + "\n".join("    " + ln for ln in tail.splitlines())
-        super().__init__(msg)
-
-
-@dataclass
-class Component:
-    """A started process, as recorded in service state."""
-
-    name: str
-    pid: int
-    pgid: int
-    start_time: int
-    argv: list[str]
-    log: str
-    host: str = ""
-    port: int = 0
-    # Free-form facts about the component (role, model, rank, url, ...).
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Component:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-    @property
-    def remote(self) -> bool:
-        """Runs on a cluster node under a host actor (`meta.actor`): nothing local to signal
-        (its pid is 0 here); whether it is alive is what the host last said (`meta.live`)."""
-        return bool(self.meta.get("actor"))
-
-    def alive(self) -> bool:
-        if self.remote:
-            return bool(self.meta.get("live"))
-        return is_same_process(self.pid, self.start_time)
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    if rest[0] == b"Z":  # a zombie has exited; it only waits to be reaped
-        return None
-    return int(rest[19])
-
-
-def is_same_process(pid: int, start_time: int) -> bool:
-    return pid > 0 and proc_start_time(pid) == start_time
+# Environment variables that carry secrets: never recorded in state (their names are), read
+# again from the 0600 secrets file when a component is started again.
+SECRET_ENV = {
+    "AREAL_INTERNAL_TOKEN": "internal_token",
+    "AREAL_ADMIN_API_KEY": "admin_api_key",
+    "AREAL_PROXY_INF_ADMIN_API_KEY": "inf_admin_api_key",
+    # The gateway's session-key signing secret: a restarted gateway must accept the keys
+    # the one before it minted.
+    "AREAL_SESSION_KEY_SECRET": "session_key_secret",
+}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,20 +60,6 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
         return False
-
-
-def log_tail(path: Path | str | None, lines: int = 20) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
 
 
 def spawn(
@@ -167,8 +106,6 @@ def spawn(
 
 
 def _die_with_parent() -> None:
-    import ctypes
-
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
@@ -181,7 +118,8 @@ def read_ready_file(path: Path) -> dict | None:
 
 
 def http_ok(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> bool:
-    import urllib.error  # lazily: keeps `areal --help` fast
+    # urllib (with http.client and ssl) on first use: `areal inf ps` and `stop` never need it.
+    import urllib.error
     import urllib.request
 
     req = urllib.request.Request(url, headers=headers or {})
@@ -226,99 +164,38 @@ def _alive(proc: subprocess.Popen | None, comp: Component) -> bool:
     return comp.alive()
 
 
-def _signal_group(comp: Component, sig: int) -> bool:
-    """Signal the component's group if it is still ours.
-
-    Ours means: the leader is the recorded process (same start time), or the
-    leader pid is gone entirely while members of its group remain (a pgid
-    cannot be reused while any member is alive). A leader pid that now
-    belongs to another process means the pid was reused: nothing is sent.
-    """
-    if comp.pid <= 0 or comp.pid == os.getpid() or comp.pgid == os.getpgid(0):
-        return False
-    if not comp.alive() and proc_start_time(comp.pgid) is not None:
-        return False
-    try:
-        os.killpg(comp.pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+def component_env(group: str, service: str, comp: Component) -> dict[str, str]:
+    """The environment to start `comp` again with: recorded values, secrets re-read."""
+    env = {str(k): str(v) for k, v in (comp.meta.get("env") or {}).items()}
+    names = comp.meta.get("secret_env")
+    if names is None:  # recorded before env was: every component gets the token
+        names = ["AREAL_INTERNAL_TOKEN"] + (
+            ["AREAL_ADMIN_API_KEY"] if comp.role == "gateway" else []
+        )
+    secrets = st.load_secrets(group, service)
+    for n in names:
+        if (v := secrets.get(SECRET_ENV.get(n, ""))) is not None:
+            env[n] = v
+    return env
 
 
-def _signal_leader(comp: Component, sig: int) -> bool:
-    """Signal the component's leader process if it is still ours (else its group, as
-    `_signal_group` decides)."""
-    if comp.pid <= 0 or comp.pid == os.getpid():
-        return False
-    if not comp.alive():
-        return _signal_group(comp, sig)
-    try:
-        os.kill(comp.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def group_alive(comp: Component) -> bool:
-    if comp.alive():
-        return True
-    if comp.pgid <= 0 or proc_start_time(comp.pgid) is not None:
-        # The leader pid belongs to another process now: not our group.
-        return False
-    return _live_group_member(comp.pgid)
-
-
-def _live_group_member(pgid: int) -> bool:
-    """Whether a process of group `pgid` is alive (zombies waiting for a reaper are not)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        # rest[0] = state, rest[2] = process group
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] != b"Z":
-            return True
-    return False
-
-
-def processes_with_env(entry: str, *, cmdline: Callable[[bytes], bool] | None = None) -> list[int]:
-    """Live processes (zombies aside, this one aside) whose environment holds `entry`
-    (`NAME=value`) and, if given, whose command line `cmdline` accepts. Everything the CLI
-    starts under an AREAL_HOME carries `AREAL_HOME=<home>`, so this finds what a service
-    left behind whatever its process group."""
-    marker = entry.encode()
-    me = os.getpid()
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == me:
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-            if cmdline is not None:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if not cmdline(f.read()):
-                        continue
-        except OSError:
-            continue
-        found.append(int(d))
-    return found
+def respawn(
+    group: str, service: str, comp: Component, argv: list[str] | None = None, port: int = -1
+) -> tuple[subprocess.Popen, Component]:
+    """Start a recorded component again: its argv (or `argv`), its recorded environment with
+    the secrets re-read, its working directory if that still exists, its meta; `port` (when
+    not -1) replaces the recorded port. The new record has the new pid and start time."""
+    cwd = comp.meta.get("cwd") or None
+    return spawn(
+        comp.name,
+        list(comp.argv if argv is None else argv),
+        Path(comp.log),
+        env=component_env(group, service, comp),
+        cwd=cwd if cwd and os.path.isdir(cwd) else None,
+        host=comp.host,
+        port=comp.port if port == -1 else port,
+        meta=dict(comp.meta),
+    )
 
 
 def terminate(
@@ -347,15 +224,15 @@ def terminate(
             # (SGLang then logs crashes and waits 5 s for diagnostics). What a leader
             # leaves behind gets SIGTERM as soon as the leader is gone.
             for comp in tier:
-                _signal_leader(comp, signal.SIGTERM)
+                signal_leader(comp, signal.SIGTERM)
             _wait_gone(tier, procs, tier_deadline, alive=Component.alive)
             for comp in tier:
                 if group_alive(comp):
-                    _signal_group(comp, signal.SIGTERM)
+                    signal_group(comp, signal.SIGTERM)
             _wait_gone(tier, procs, tier_deadline)
         for comp in tier:
             if group_alive(comp):
-                _signal_group(comp, signal.SIGKILL)
+                signal_group(comp, signal.SIGKILL)
         _wait_gone(tier, procs, time.monotonic() + 5)
 
 

@@ -41,90 +41,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from areal_cli import state as st
 from areal_cli import supervisor
+from areal_cli.components import Component, connect_host, sup_info, sup_state
 from areal_cli.errors import CLIError
 from areal_cli.guard import guard_argv
-from areal_cli.launcher import connect_host, http_url
-from areal_cli.supervisor import Component
+from areal_cli.policy import Policy
+from areal_cli.policy import policy_from_config as policy_from_config
+from areal_cli.probes import (
+    ENGINE_HUNG_FACTOR,
+    default_probe,
+    ready_info,
+    ready_path,
+    restart_ready,
+)
+from areal_cli.readdress import follow_moves, reregister
+from areal_cli.reconcile import locked_state, service_gone
+from areal_cli.supervisor import SECRET_ENV as SECRET_ENV
 
-# Environment variables that carry secrets: never recorded, re-read from the secrets file.
-SECRET_ENV = {
-    "AREAL_INTERNAL_TOKEN": "internal_token",
-    "AREAL_ADMIN_API_KEY": "admin_api_key",
-    "AREAL_PROXY_INF_ADMIN_API_KEY": "inf_admin_api_key",
-    # The gateway's session-key signing secret: a restarted gateway must accept the keys
-    # the one before it minted.
-    "AREAL_SESSION_KEY_SECRET": "session_key_secret",
-}
-# Engines answer /health slowly under load (CPU engines especially): they need this many
-# times `hung_after` failed probes before they count as hung.
-ENGINE_HUNG_FACTOR = 4
-PROBE_TIMEOUT = 2.0
-
-
-@dataclass
-class Policy:
-    """How a service is supervised (`[supervision]` in the config, `--[no-]supervise`)."""
-
-    enabled: bool = True
-    max_restarts: int = 5
-    backoff_initial: float = 0.5
-    backoff_max: float = 30.0
-    check_interval: float = 1.0
-    hung_after: int = 3
-    window: float = 600.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Policy:
-        d = d or {}
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-    def check(self) -> Policy:
-        if self.max_restarts < 0:
-            raise CLIError("[supervision] max_restarts must be 0 or more", code=2)
-        for name in ("backoff_initial", "backoff_max", "check_interval", "window"):
-            if getattr(self, name) <= 0:
-                raise CLIError(f"[supervision] {name} must be positive", code=2)
-        if self.backoff_max < self.backoff_initial:
-            raise CLIError("[supervision] backoff_max must be >= backoff_initial", code=2)
-        if self.hung_after < 1:
-            raise CLIError("[supervision] hung_after must be at least 1", code=2)
-        return self
-
-
-def policy_from_config(cfg: Any, supervise_flag: bool | None) -> Policy:
-    """`--supervise/--no-supervise` > `[supervision]` keys > built-in defaults."""
-    p = Policy()
-    for key in Policy.__dataclass_fields__:
-        value = cfg.get("supervision", key)
-        if value is not None:
-            setattr(p, key, type(getattr(p, key))(value))
-    if supervise_flag is not None:
-        p.enabled = supervise_flag
-    return p.check()
-
-
-def sup_info(comp: Component) -> dict[str, Any]:
-    info = comp.meta.get("supervision")
-    return info if isinstance(info, dict) else {}
-
-
-def sup_state(comp: Component) -> str:
-    return str(sup_info(comp).get("state") or "")
+# `X as X` above: names that live elsewhere now, kept here for the code that reaches them
+# as `watchdog.X`.
 
 
 def with_port(argv: list[str], port: int) -> list[str]:
@@ -182,9 +126,7 @@ class Watchdog:
     # ------------------------------------------------------------------ loop
 
     def gone(self, s: dict[str, Any] | None) -> bool:
-        if s is None or s.get("phase") == "stopped":
-            return True
-        return self.instance is not None and s.get("instance") != self.instance
+        return service_gone(s, self.instance)
 
     def run(self, max_ticks: int | None = None) -> int:
         """Tick until the service is stopped (or `max_ticks`); 0."""
@@ -226,7 +168,7 @@ class Watchdog:
             return True
         now = time.monotonic()
         if s.get("scheduler") == "ray":
-            self.follow_moves()
+            follow_moves(self.group, self.service, self.instance, self.log)
         # Components on a cluster are kept alive by their hosts (areal_cli.cluster.host).
         comps = {
             n: Component.from_dict(d)
@@ -281,7 +223,7 @@ class Watchdog:
         if not tr.answered:
             return None  # never answered since it started: still starting (e.g. a new engine)
         tr.misses += 1
-        limit = policy.hung_after * (ENGINE_HUNG_FACTOR if _role(comp) == "engine" else 1)
+        limit = policy.hung_after * (ENGINE_HUNG_FACTOR if comp.role == "engine" else 1)
         if tr.misses >= limit:
             return f"hung: no answer to {tr.misses} health checks in a row"
         return None
@@ -335,7 +277,7 @@ class Watchdog:
             if cur.port:
                 host = cur.host or "127.0.0.1"
                 if supervisor.port_in_use(host, cur.port) and not _wait_port(host, cur.port, 3.0):
-                    if _role(cur) == "proxy":
+                    if cur.role == "proxy":
                         argv = with_port(argv, 0)
                         port_changed = True
                     else:
@@ -353,24 +295,13 @@ class Watchdog:
                         return
                 else:
                     argv = with_port(argv, cur.port)
-            ready = _ready_path(argv)
+            ready = ready_path(argv)
             if ready is not None:
                 with contextlib.suppress(FileNotFoundError):
                     ready.unlink()
-            env = self._env(cur)
-            cwd = cur.meta.get("cwd") or None
-            if cwd and not os.path.isdir(cwd):
-                cwd = None
             try:
-                proc, new = supervisor.spawn(
-                    cur.name,
-                    argv,
-                    Path(cur.log),
-                    env=env,
-                    cwd=cwd,
-                    host=cur.host,
-                    port=0 if port_changed else cur.port,
-                    meta=dict(cur.meta),
+                proc, new = supervisor.respawn(
+                    self.group, self.service, cur, argv, port=0 if port_changed else cur.port
                 )
             except supervisor.LaunchError as e:
                 tr.history.append(time.time())
@@ -412,8 +343,8 @@ class Watchdog:
             tr.pending = None
             self._failed_check(comp, tr, policy, f"restart exited (code {proc.returncode})", now)
             return
-        info = _ready_info(comp)
-        if not self._is_ready(comp, info):
+        info = ready_info(comp)
+        if not restart_ready(comp, info):
             if now > tr.pending_deadline:
                 tr.pending = None
                 tr.answered = True  # so the next check treats it as hung, not as starting
@@ -432,112 +363,15 @@ class Watchdog:
                 rec["port"] = new_port
                 address = f"{connect_host(rec.get('host', ''))}:{new_port}"
                 rec.setdefault("meta", {})["address"] = address
-                self._reregister(s, comp, address)
+                reregister(self.group, self.service, s, comp, address, self.log)
             _update(s, comp.name, state="running")
             st.save(self.group, self.service, s)
         self.log(f"watchdog: {comp.name} is back (pid {comp.pid})")
 
-    def _is_ready(self, comp: Component, info: dict[str, Any] | None) -> bool:
-        role = _role(comp)
-        if role == "engine":
-            url = comp.meta.get("url", "")
-            return bool(url) and supervisor.http_ok(url + "/health", timeout=PROBE_TIMEOUT)
-        if not info or info.get("pid") != comp.pid or not info.get("port"):
-            return False
-        if role == "gateway":
-            from areal_cli.http import gateway_healthy
-
-            url = http_url(comp.host, int(info["port"]))
-            return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
-        return True
-
-    def follow_moves(self) -> None:
-        """On a cluster: a proxy whose host Ray placed again (its node was lost) answers at a
-        new address; re-register it there and record where it is now."""
-        from areal_cli.lifecycle import components
-
-        try:
-            s = st.load(self.group, self.service)
-        except CLIError:
-            return
-        if s is None or self.gone(s):
-            return
-        comps = components(s)  # asks the hosts (in place on `s`)
-        moved = [
-            c
-            for c in comps.values()
-            if c.remote
-            and c.meta.get("live")
-            and c.meta.get("role") == "proxy"
-            and c.meta.get("live_address")
-            and c.meta["live_address"] != c.meta.get("address")
-        ]
-        if not moved:
-            return
-        with self._locked(wait=5.0) as cur:
-            if cur is None:
-                return
-            for c in moved:
-                address = c.meta["live_address"]
-                self.log(f"watchdog: {c.name} now runs on {c.meta.get('node')} at {address}")
-                self._reregister(cur, c, address)
-                rec = cur["components"].get(c.name)
-                if rec is None:
-                    continue
-                node = c.meta.get("node", "")
-                for name, d in cur["components"].items():
-                    m = d.get("meta") or {}
-                    if m.get("actor") != c.meta["actor"]:
-                        continue
-                    now_id = s["components"][name]["meta"].get("node_id")
-                    if now_id and now_id != m.get("node_id"):
-                        m["moves"] = int(m.get("moves", 0)) + 1  # another node, not a restart
-                    m["node"], m["node_id"], d["host"] = node, now_id, node
-                rec["meta"]["address"] = address
-                rec["port"] = int(address.rsplit(":", 1)[1])
-            st.save(self.group, self.service, cur)
-
-    def _reregister(self, s: dict[str, Any], comp: Component, address: str) -> None:
-        """A proxy that came back on a new port: tell the router through the gateway."""
-        from areal_cli.http import call
-
-        url = (s.get("gateway") or {}).get("url", "")
-        key = st.load_secrets(self.group, self.service).get("admin_api_key", "")
-        pid = comp.meta.get("proxy_id") or comp.name
-        try:
-            if self.group == "agent":
-                call(
-                    "POST",
-                    url + "/admin/pairs",
-                    key=key,
-                    timeout=10,
-                    body={"proxy_id": pid, "address": address},
-                )
-                for p in s.get("pairs", []):
-                    if p.get("proxy") == comp.name:
-                        p["address"] = address
-            else:
-                model = comp.meta.get("model", "")
-                call(
-                    "POST",
-                    f"{url}/admin/models/{model}/proxies",
-                    key=key,
-                    timeout=10,
-                    body={"proxy_id": pid, "address": address},
-                )
-                for r in (s.get("models") or {}).get(model, {}).get("replicas", []):
-                    if r.get("data_proxy") == comp.name:
-                        r["address"] = address
-        except CLIError as e:
-            self.log(f"watchdog: re-registering {comp.name} at {address} failed: {e}")
-
     # ------------------------------------------------------------- helpers
 
-    def _env(self, comp: Component) -> dict[str, str]:
-        return component_env(self.group, self.service, comp)
-
     def _ready_timeout(self, s: dict[str, Any], comp: Component) -> float:
-        if _role(comp) == "engine":
+        if comp.role == "engine":
             return float(s.get("model_health_timeout") or 600.0)
         return max(30.0, float(s.get("launch_timeout") or s.get("setup_timeout") or 30.0))
 
@@ -548,75 +382,9 @@ class Watchdog:
             _update(s, name, **fields)
             st.save(self.group, self.service, s)
 
-    @contextlib.contextmanager
     def _locked(self, wait: float = 0.0):
         """The service state under its lock; None when busy or gone."""
-        lock = st.Lock(self.group, self.service)
-        try:
-            lock.acquire(wait)
-        except CLIError:
-            yield None
-            return
-        try:
-            s = st.load(self.group, self.service)
-            yield None if self.gone(s) else s
-        finally:
-            lock.release()
-
-
-def component_env(group: str, service: str, comp: Component) -> dict[str, str]:
-    """The environment to respawn `comp` with: recorded values, secrets re-read from disk."""
-    env = {str(k): str(v) for k, v in (comp.meta.get("env") or {}).items()}
-    names = comp.meta.get("secret_env")
-    if names is None:  # recorded before env was: every component gets the token
-        names = ["AREAL_INTERNAL_TOKEN"] + (
-            ["AREAL_ADMIN_API_KEY"] if _role(comp) == "gateway" else []
-        )
-    secrets = st.load_secrets(group, service)
-    for n in names:
-        if (v := secrets.get(SECRET_ENV.get(n, ""))) is not None:
-            env[n] = v
-    return env
-
-
-# ----------------------------------------------------------------- probes
-
-
-def _role(comp: Component) -> str:
-    return str(comp.meta.get("role", ""))
-
-
-def _ready_path(argv: list[str]) -> Path | None:
-    for i, a in enumerate(argv[:-1]):
-        if a == "--ready-file":
-            return Path(argv[i + 1])
-    return None
-
-
-def _ready_info(comp: Component) -> dict[str, Any] | None:
-    path = _ready_path(comp.argv)
-    return supervisor.read_ready_file(path) if path else None
-
-
-def default_probe(comp: Component, s: dict[str, Any]) -> bool | None:
-    """True: answers; False: does not; None: nothing to ask (counts as fine)."""
-    role = _role(comp)
-    if role == "gateway":
-        from areal_cli.http import gateway_healthy
-
-        url = (s.get("gateway") or {}).get("url") or http_url(comp.host, comp.port)
-        return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
-    if role == "engine":
-        url = comp.meta.get("url", "")
-        return supervisor.http_ok(url + "/health", timeout=PROBE_TIMEOUT) if url else None
-    info = _ready_info(comp)
-    if not info or info.get("pid") != comp.pid:
-        return None
-    mport = int(info.get("metrics_port") or 0)
-    if mport <= 0:
-        return None
-    host = connect_host(str(info.get("host") or comp.host))
-    return supervisor.http_ok(http_url(host, mport) + "/metrics", PROBE_TIMEOUT)
+        return locked_state(self.group, self.service, self.instance, wait)
 
 
 def _kill_group(comp: Component) -> None:

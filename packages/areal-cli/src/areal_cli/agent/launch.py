@@ -32,6 +32,7 @@ from typing import Any
 
 from areal_cli import state as st
 from areal_cli import supervisor
+from areal_cli.components import Component, LaunchError
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message, gateway_healthy
@@ -40,12 +41,12 @@ from areal_cli.launcher import (
     check_log_level,
     progress,
     resolve_binary,
-    run_service,
     self_identity,
     start_router_gateway,
 )
-from areal_cli.supervisor import Component, LaunchError
-from areal_cli.watchdog import policy_from_config
+from areal_cli.policy import policy_from_config
+from areal_cli.reconcile import components
+from areal_cli.service_run import run_service
 
 GROUP = "agent"
 ROUTING_STRATEGIES = (
@@ -250,7 +251,6 @@ def resolve_inf_link(cfg: Config, o: RunOptions) -> InfLink | None:
 
 
 def _link_inf_service(name: str, model: str) -> InfLink:
-    from areal_cli.lifecycle import components
 
     s = st.load("inf", name)
     if s is None:
@@ -527,7 +527,6 @@ def pair_health(gateway_url: str, key: str, proxy_ids: list[str]) -> dict[str, s
 
 def _wait_healthy(launcher: Launcher, plan: Plan, deadline: float) -> None:
     """Poll every --health-poll-interval until every component is healthy (or fail)."""
-    from areal_cli.lifecycle import components
 
     state = launcher.state
     url = state["gateway"]["url"]

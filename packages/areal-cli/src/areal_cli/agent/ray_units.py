@@ -28,9 +28,9 @@ from areal_cli.agent.launch import (
     worker_env,
 )
 from areal_cli.cluster import ray_scheduler as rs
+from areal_cli.components import Component
 from areal_cli.errors import CLIError
 from areal_cli.launcher import Launcher, progress
-from areal_cli.supervisor import Component
 
 GROUP = "agent"
 PG_WHAT = "pairs"

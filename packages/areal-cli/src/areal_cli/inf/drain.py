@@ -16,6 +16,8 @@ from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
+from areal_cli.inf.launch import _running_service, _unlink
+from areal_cli.reconcile import components, terminate_components
 
 GROUP = "inf"
 # Seconds for what follows the drain (evacuated requests leaving the engine, the answer).
@@ -29,9 +31,6 @@ RETIRED_FLAG = "--retired"
 def deregister_replica(
     cfg: Config, service: str | None, name: str, rank: int, drain_timeout: float
 ) -> int:
-    from areal_cli.inf.launch import _running_service, _unlink
-    from areal_cli.lifecycle import components, terminate_components
-
     service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
     st.check_name("model", name)
     if not drain_timeout >= 0:

@@ -21,6 +21,7 @@ from typing import Any
 from areal_cli import backend as bk
 from areal_cli import engines, loopback, supervisor
 from areal_cli import state as st
+from areal_cli.components import Component
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
@@ -30,14 +31,16 @@ from areal_cli.launcher import (
     fail_launch,
     progress,
     resolve_binary,
-    run_service,
     self_identity,
     start_router_gateway,
     stop_signals,
 )
+from areal_cli.lifecycle import print_table, require_state
 from areal_cli.models import resolve_short_name
+from areal_cli.policy import policy_from_config
 from areal_cli.private_files import make_dir
-from areal_cli.supervisor import Component
+from areal_cli.reconcile import components, terminate_components
+from areal_cli.service_run import run_service
 
 GROUP = "inf"
 SCHEDULERS = ("local", "ray")
@@ -383,7 +386,6 @@ def run(cfg: Config, o: RunOptions) -> int:
     if not key:
         key, key_source = "areal-" + secrets.token_urlsafe(24), "generated"
     spec = resolve_model(cfg, o.model, "--model") if o.model.name is not None else None
-    from areal_cli.watchdog import policy_from_config
 
     policy = policy_from_config(cfg, o.supervise)
 
@@ -476,7 +478,6 @@ def _print_summary(service: str, state: dict[str, Any], key_source: str, detache
 
 
 def _running_service(service: str) -> tuple[dict[str, Any], str, str]:
-    from areal_cli.lifecycle import components, require_state
 
     s = require_state(GROUP, service)
     gw = components(s).get("gateway")
@@ -534,7 +535,6 @@ def _forget_model(launcher: Launcher, name: str) -> None:
 
 
 def deregister(cfg: Config, service: str | None, name: str, grace: float = 10.0) -> int:
-    from areal_cli.lifecycle import components, terminate_components
 
     service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
     st.check_name("model", name)
@@ -576,8 +576,6 @@ def _unlink(p: Path) -> None:
 
 def models(cfg: Config, service: str | None, as_json: bool) -> int:
     import json
-
-    from areal_cli.lifecycle import components, print_table, require_state
 
     service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
     s = require_state(GROUP, service)

@@ -14,9 +14,9 @@ from typing import Any
 
 from areal_cli import engines
 from areal_cli.cluster import ray_scheduler as rs
+from areal_cli.components import Component
 from areal_cli.inf.launch import router_addr_args
 from areal_cli.launcher import Launcher, progress
-from areal_cli.supervisor import Component
 
 GROUP = "inf"
 
