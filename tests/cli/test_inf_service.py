@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 from cli_helpers import (
     ADMIN_KEY,
@@ -70,6 +71,15 @@ def test_status_drills_into_components(svc):
     assert doc["gateway"]["url"] == f"http://127.0.0.1:{port}"  # jq -r '.gateway.url'
     assert doc["gateway"]["healthy"] is True
     assert all(c["status"] == "running" for c in doc["components"].values())
+    # Every component's metrics, where an operator scrapes them: each answers Prometheus text.
+    comps = doc["components"]
+    for name in ("gateway", "router", f"{MODEL}-data-proxy-0"):
+        url = comps[name]["metrics_url"]
+        assert url and url.startswith("http://127.0.0.1:"), (name, url)
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if name == "gateway" else {}
+        r = httpx.get(url, headers=headers, timeout=10)
+        assert r.status_code == 200 and "# TYPE" in r.text, (name, r.status_code)
+    assert comps[f"{MODEL}-worker-0"]["metrics_url"] is None
 
 
 def test_models_lists_the_model(svc):

@@ -170,6 +170,9 @@ def test_full_lifecycle_detached(clean):
     assert row["gateway"] == f"http://127.0.0.1:{port}" and row["models"] == ["m1"]
     doc = json.loads(f.cli("inf", "status", "--service", "default", "--json").out)
     assert doc["gateway"]["url"] == f"http://127.0.0.1:{port}" and doc["gateway"]["healthy"]
+    comps = doc["components"]
+    assert comps["gateway"]["metrics_url"] == f"http://127.0.0.1:{port}/metrics"
+    assert comps["m1-worker-0"]["metrics_url"] is None and "metrics_url" in comps["router"]
     assert len(doc["models"][0]["replicas"]) == 2
     models = json.loads(f.cli("inf", "models", "--service", "default", "--json").out)["models"]
     assert models[0]["name"] == "m1" and models[0]["registered"] and len(models[0]["workers"]) == 2

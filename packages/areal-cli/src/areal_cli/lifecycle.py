@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from areal_cli import state as st
+from areal_cli import supervisor
 from areal_cli.cluster import ray_scheduler
-from areal_cli.components import Component, sup_info
+from areal_cli.components import Component, http_url, sup_info
 from areal_cli.errors import CLIError
 from areal_cli.reconcile import comp_state as comp_state
 from areal_cli.reconcile import components as components
@@ -50,6 +52,7 @@ def describe(comp: Component) -> dict[str, Any]:
     for key in ("url", "address", "model", "rank", "proxy_id", "started_at", "gpus"):
         if key in comp.meta:
             d[key] = comp.meta[key]
+    d["metrics_url"] = metrics_url(comp)
     # Where it runs: this machine, or the cluster node its host is on (and its pid there).
     d["node"] = comp.meta.get("node") or "local"
     if comp.remote:
@@ -58,6 +61,26 @@ def describe(comp: Component) -> dict[str, Any]:
         if comp.meta.get("live_address"):
             d["address"] = comp.meta["live_address"]
     return d
+
+
+def metrics_url(comp: Component) -> str | None:
+    """Where its Prometheus metrics are scraped: a gateway's `/metrics` on its own port; a
+    router's, proxy's or agent worker's metrics port from its ready file; None for an engine
+    (SGLang serves them only with `--enable-metrics`, on its own port), the watchdog, or a
+    component on another node (its ready file is there)."""
+    role = comp.meta.get("role", "")
+    if comp.remote or role in ("engine", "watchdog", "guard"):
+        return None
+    if role == "gateway":
+        url = comp.meta.get("url") or (http_url(comp.host, comp.port) if comp.port else "")
+        return f"{url}/metrics" if url else None
+    argv = comp.argv
+    path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ready-file"), None)
+    info = supervisor.read_ready_file(Path(path)) if path else None
+    port = int((info or {}).get("metrics_port") or 0)
+    if port <= 0 or (info or {}).get("pid") != comp.pid:
+        return None
+    return http_url(str((info or {}).get("host") or comp.host), port) + "/metrics"
 
 
 def require_state(group: str, service: str) -> dict[str, Any]:
