@@ -126,8 +126,9 @@ async def test_each_choice_is_its_own_recorded_interaction():
 
 
 async def test_a_failing_choice_fails_the_request_and_stops_the_others():
-    engine = FakeEngineClient(SEQ, delay=0.01)
+    engine = FakeEngineClient([], delay=0.01)
     h = await start(engine)
+    seq = engine.sequence = [*h.tok.encode('{"a": [1, 2, 3, 4, 5, 6]}'), EOS]
     try:
         task = asyncio.create_task(h.chat({"messages": MSG, "n": 4}))
         await wait_for(lambda: len(engine.requests) == 4)
@@ -162,6 +163,8 @@ async def test_a_failing_choice_fails_the_request_and_stops_the_others():
     ],
 )
 async def test_constraints_reach_the_engine_request(proxy, extra, kind, value):
+    # An answer that meets each schema (a JSON-schema output is checked before it is returned).
+    proxy.engine.sequence = [*proxy.tok.encode('{"city": "Paris"}'), EOS]
     await proxy.chat({"messages": MSG, **extra})
     await proxy.completion({"prompt": "x", **extra})
     for req in proxy.engine.requests:
@@ -204,8 +207,9 @@ def test_engine_payloads_carry_the_constraint():
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_pause_restarts_a_constrained_generation_from_its_prompt(stream):
-    engine = FakeEngineClient(SEQ, delay=0.01)
+    engine = FakeEngineClient([], delay=0.01)
     h = await start(engine)
+    seq = engine.sequence = [*h.tok.encode('{"a": [1, 2, 3, 4, 5, 6]}'), EOS]
     try:
         body = {"messages": MSG, "response_format": {"type": "json_object"}}
         call = h.chat_stream(body) if stream else h.chat(body)
@@ -224,8 +228,8 @@ async def test_a_pause_restarts_a_constrained_generation_from_its_prompt(stream)
             first, second = engine.requests
             assert second.input_ids == first.input_ids  # from the prompt, not prompt + partial
             (rec,) = h.records
-            assert rec.token_ids == SEQ and rec.attempts == 2
-            assert out["choices"][0]["message"]["content"] == h.tok.decode(SEQ[:-1])
+            assert rec.token_ids == seq and rec.attempts == 2
+            assert out["choices"][0]["message"]["content"] == h.tok.decode(seq[:-1])
     finally:
         await h.close()
 
@@ -247,14 +251,19 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
         kind, value = req.constraint
         tag = json.loads(value)
         assert kind == "structural_tag" and tag["type"] == "structural_tag"
+        # One or more calls (parallel_tool_calls defaults to true), each of either function.
         fmt = tag["format"]
-        assert fmt["type"] == "tags_with_separator" and fmt["at_least_one"] is True
-        assert [t["begin"] for t in fmt["tags"]] == [
-            '<tool_call>\n{"name": "get_weather", "arguments": ',
-            '<tool_call>\n{"name": "get_time", "arguments": ',
-        ]
-        assert fmt["tags"][0]["content"]["json_schema"] == SCHEMA
-        assert fmt["tags"][0]["end"] == "}\n</tool_call>"
+        assert fmt["type"] == "sequence" and fmt["elements"][1]["type"] == "star"
+        first = fmt["elements"][0]
+        assert first["type"] == "or" and fmt["elements"][1]["content"]["elements"][1] == first
+        weather, time_ = first["elements"]
+        # The fixed text as the tokenizer's ids, the arguments held to the function's schema.
+        assert _spelled(h.tok, weather) == (
+            '<tool_call>\n{"name": "get_weather", "arguments": <args>}\n</tool_call>'
+        )
+        assert _spelled(h.tok, time_).startswith('<tool_call>\n{"name": "get_time",')
+        (args,) = [e for e in weather["elements"] if e["type"] == "json_schema"]
+        assert args["json_schema"] == SCHEMA
         # The constrained text is exactly what the parser reads back.
         (call,) = out["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "get_weather"
@@ -262,6 +271,19 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
         assert out["choices"][0]["finish_reason"] == "tool_calls"
     finally:
         await h.close()
+
+
+def _spelled(tok, call):
+    """A forced call's sequence as text: its token ids decoded, the arguments as <args>."""
+    out = []
+    for e in call["elements"]:
+        if e["type"] == "token":
+            out.append(tok.decode([e["token"]]))
+        elif e["type"] == "const_string":
+            out.append(e["value"])
+        else:
+            out.append("<args>")
+    return "".join(out)
 
 
 async def test_named_tool_choice_allows_only_that_function():
@@ -276,9 +298,8 @@ async def test_named_tool_choice_allows_only_that_function():
         }
         await h.chat(body)
         fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
-        assert [t["begin"] for t in fmt["tags"]] == ['{"name": "get_time", "parameters": ']
         # One call of the named function, though parallel_tool_calls defaults to true.
-        assert fmt["stop_after_first"] is True
+        assert _spelled(h.tok, fmt) == '{"name": "get_time", "parameters": <args>}'
         await _reject(
             h.stub.ChatCompletion,
             {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}},

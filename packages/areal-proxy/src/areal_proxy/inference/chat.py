@@ -52,9 +52,12 @@ async def whole(
         await all_of(core.controller.generate(rec, p.template) for rec, _ in p.recs)
     finally:
         core.finish(p)
+    finals = [core.final_text(rec, p.template, req.sampling) for rec, _ in p.recs]
+    for text, finish in finals:  # every choice checked before any is recorded
+        core.check_json(p, text, finish)
     choices = []
     for i, (rec, _) in enumerate(p.recs):
-        text, finish = core.final_text(rec, p.template, req.sampling)
+        text, finish = finals[i]
         content: str | None = text
         reasoning: str | None = None
         calls: list[dict[str, Any]] | None = None
@@ -130,7 +133,7 @@ async def _choice_stream(
     first = True
     async with aclosing(core.text_steps(rec, p.template, req.sampling)) as steps:
         async for ts in steps:
-            if ot is not None:
+            if ot is not None or p.schema is not None:
                 texts.append(ts.text)
             if streamer is not None:
                 raw = streamer.feed(ts.text) if ts.text else []
@@ -171,6 +174,7 @@ async def _choice_stream(
                 )
             if ts.finish_reason is not None:
                 finish = ts.finish_reason
+                core.check_json(p, "".join(texts), finish)
                 if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
                     finish = "tool_calls"
                 if ot is not None:

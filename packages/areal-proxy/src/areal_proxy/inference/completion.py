@@ -40,9 +40,12 @@ async def whole(
     finally:
         core.finish(p)
     top = req.logprobs or 0
+    finals = [core.final_text(rec, p.template, req.sampling) for rec, _ in p.recs]
+    for text, finish in finals:  # every choice checked before any is recorded
+        core.check_json(p, text, finish)
     choices = []
     for k, (rec, i) in enumerate(p.recs):
-        text, finish = core.final_text(rec, p.template, req.sampling)
+        text, finish = finals[k]
         echo = _echo(core, req, p, i)
         await core.commit(p.turn_of(k), _source_text(req.prompts[i]), text, rec, finish)
         lp = (
@@ -118,9 +121,12 @@ async def _choice_stream(
                 offset += sum(len(t) for t in lp["tokens"])
             text = pending + ts.text
             pending = ""
-            if ot is not None:
+            if ot is not None or p.schema is not None:
                 texts.append(ts.text)
-                if ts.finish_reason is not None:
+            if ts.finish_reason is not None:
+                # Checked before the finish reaches the client (its text may have gone).
+                core.check_json(p, "".join(texts), ts.finish_reason)
+                if ot is not None:
                     await core.commit(ot, source, "".join(texts), rec, ts.finish_reason)
             if text or lp is not None or ts.finish_reason is not None:
                 yield orjson.dumps(

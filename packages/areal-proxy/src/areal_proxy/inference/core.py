@@ -29,9 +29,10 @@ from areal_proxy.screen import CHAT as SCREEN_CHAT
 from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
 from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
+from areal_proxy.structured_json import check, engine_schema
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime import tracing
-from areal_runtime.errors import InvalidRequest
+from areal_runtime.errors import InvalidRequest, UpstreamError
 from areal_runtime.offload import Offload, OffloadFailed
 from areal_runtime.openai import (
     ChatRequest,
@@ -84,6 +85,8 @@ class Prepared:
     recs: list[tuple[GenerationRecord, int]] = field(default_factory=list)
     # Each prompt's ids as JSON where the prompt builder made it (prompt/incremental.py).
     prompts_json: list[bytes | None] = field(default_factory=list)
+    # The request's own JSON schema (response_format), that a finished output must meet.
+    schema: dict[str, Any] | None = None
 
     def turn_of(self, k: int) -> OpenTurn | None:
         """The open turn of choice `k`: with one choice the request's own (its interaction id
@@ -196,7 +199,7 @@ class InferenceCore:
             seed=s.seed,
             top_logprobs=top_logprobs,
             extra=s.extra,
-            constraint=(s.constraint.kind, s.constraint.value) if s.constraint else None,
+            constraint=_engine_constraint(s),
         )
 
     def _start(self, p: Prepared, sampling: Sampling, param: Callable[[int], str]) -> None:
@@ -334,6 +337,7 @@ class InferenceCore:
             req.tools,
             req.tool_choice,
             req.parallel_tool_calls,
+            self.tok.encode,
         )
         if forced is not None:
             if template.constraint is not None:
@@ -343,7 +347,7 @@ class InferenceCore:
                     "tool_choice",
                 )
             template.constraint = (forced.kind, forced.value)
-        p = Prepared(rid, ot, [prompt], template)
+        p = Prepared(rid, ot, [prompt], template, schema=_schema(req.sampling))
         if ot is not None and ot.prompt is not None:
             p.prompts_json = [ot.prompt.ids_json]
         self._start(p, req.sampling, lambda _: "messages")
@@ -390,7 +394,13 @@ class InferenceCore:
                 prompt_ids=source if not isinstance(source, str) else None,
             )
             prompts.append(await self._off_loop(heavy, self.completion_prompt, one, param(i)))
-        p = Prepared(rid, ot, prompts, self._template(req.sampling, req.logprobs or 0))
+        p = Prepared(
+            rid,
+            ot,
+            prompts,
+            self._template(req.sampling, req.logprobs or 0),
+            schema=_schema(req.sampling),
+        )
         self._start(p, req.sampling, param)
         return req, p
 
@@ -441,6 +451,22 @@ class InferenceCore:
                 finish = "stop"
         return text, finish
 
+    def check_json(self, p: Prepared, text: str, finish: str) -> None:
+        """Refuse to answer with a finished output that breaks the request's JSON schema: the
+        engine's grammar let it through (structured_json.py), and a client told "stop" would
+        take it for a valid document. A 502, as any upstream answer that breaks its contract;
+        nothing is recorded for it. A cut output ("length") is returned as it is, as OpenAI
+        returns one."""
+        if p.schema is None or finish != "stop":
+            return
+        if (why := check(p.schema, text)) is not None:
+            log.warning("constrained output rejected: %s", why)
+            raise UpstreamError(
+                f"the engine's constrained decoding made an output that is not valid for "
+                f"'response_format': {why}; send the request again",
+                code="invalid_structured_output",
+            )
+
     # ---- recording ---------------------------------------------------------------------
 
     async def commit(
@@ -478,6 +504,25 @@ def _note_prepared(sp: tracing.Span, p: Prepared) -> None:
         prompt_tokens=sum(len(x) for x in p.prompts),
         choices=len(p.recs),
     )
+
+
+def _schema(s: Sampling) -> dict[str, Any] | None:
+    c = s.constraint
+    if c is None or c.kind != "json_schema":
+        return None
+    schema = orjson.loads(c.value)
+    return schema if isinstance(schema, dict) else None
+
+
+def _engine_constraint(s: Sampling) -> tuple[str, str] | None:
+    """The request's constraint as the engine's grammar gets it (structured_json.py)."""
+    c = s.constraint
+    if c is None:
+        return None
+    if c.kind == "json_schema":
+        tight = engine_schema(orjson.loads(c.value), "response_format")
+        return c.kind, orjson.dumps(tight).decode()
+    return c.kind, c.value
 
 
 def _heavy(body: bytes, ot: OpenTurn | None) -> bool:

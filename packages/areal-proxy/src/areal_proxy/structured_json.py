@@ -1,0 +1,97 @@
+"""JSON-schema outputs: the schema the engine's grammar gets, and the check of what it made.
+
+xgrammar (the grammar backend of SGLang 0.5.23 and vLLM 0.32) compiles a string with
+`minLength` / `maxLength` to "n characters other than `"`, `\\`, CR and LF": the other control
+characters U+0000-U+001F pass raw, which RFC 8259 forbids in a string (`json.loads` and
+pydantic refuse the output; measured on the CPU engine, tiny-random at t=1: 6 of 15 outputs).
+Its regular expressions on strings do exclude them, so the engine gets such a string as the
+equivalent `pattern` (`^[^controls"\\ surrogates]{min,max}$`: the same characters the length
+rule allows, less the control characters, counted as the JSON-decoded string counts them, as
+it has no escapes). A string with both a `pattern` and a length is refused (400): xgrammar
+keeps the pattern and drops the length, and no regular expression can say both in general.
+
+Whatever the grammar lets through, a finished output is checked against the request's own
+schema (`check`); one that is not JSON or breaks the schema is not returned as an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from areal_runtime.openai import bad
+
+# Characters a length-bounded string may hold: xgrammar's length rule less the control
+# characters; UTF-16 surrogates (which UTF-8 cannot hold, but xgrammar's character classes
+# accept as 3-byte sequences that then decode to 3 replacement characters) are out too.
+_STRING_CHAR = r'[^\u0000-\u001f"\\\ud800-\udfff]'
+# Keywords that decide a string's text whatever its length says.
+_FIXED = ("enum", "const", "format")
+# Where a schema holds subschemas: one subschema / a list of them / a name -> subschema map.
+_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def engine_schema(schema: Any, param: str) -> Any:
+    """`schema` as the engine's grammar should get it (a copy; the request's stays as it is).
+    `param` names the schema in a 400."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = engine_schema(out[key], param)
+    for key in _MANY:
+        if isinstance(out.get(key), list):
+            out[key] = [engine_schema(s, param) for s in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: engine_schema(s, param) for k, s in out[key].items()}
+    if isinstance(out.get("items"), list):  # draft 4-7 tuple items
+        out["items"] = [engine_schema(s, param) for s in out["items"]]
+    if _is_string(out) and ("minLength" in out or "maxLength" in out):
+        if "pattern" in out:
+            raise bad(
+                f"a string schema in '{param}' has both 'pattern' and 'minLength'/'maxLength', "
+                "which the engine's grammar cannot enforce together: put the length in the "
+                "pattern (e.g. '^[a-z]{1,8}$') and drop minLength/maxLength",
+                param,
+            )
+        if not any(k in out for k in _FIXED):
+            low = _bound(out.pop("minLength", 0), "minLength", param)
+            high = out.pop("maxLength", None)
+            top = "" if high is None else str(_bound(high, "maxLength", param))
+            out["pattern"] = f"^{_STRING_CHAR}{{{low},{top}}}$"
+    return out
+
+
+def _is_string(schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    return kind == "string" or (isinstance(kind, list) and kind == ["string"])
+
+
+def _bound(value: Any, key: str, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad(f"'{key}' in '{param}' must be a non-negative integer", param)
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check(schema: dict[str, Any], text: str) -> str | None:
+    """Why `text` is not a JSON document valid for `schema` (None: it is)."""
+    import jsonschema  # only requests with a JSON schema pay for importing it
+
+    try:
+        value = json.loads(text, parse_constant=_no_constant)  # strict: no raw controls
+    except ValueError as e:
+        return f"the output is not JSON ({e})"
+    cls = jsonschema.validators.validator_for(schema)
+    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(value))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(the document)"
+        return f"the output breaks the schema at {where}: {error.message}"
+    return None
