@@ -126,9 +126,8 @@ async def test_each_choice_is_its_own_recorded_interaction():
 
 
 async def test_a_failing_choice_fails_the_request_and_stops_the_others():
-    engine = FakeEngineClient([], delay=0.01)
+    engine = FakeEngineClient(SEQ, delay=0.01)
     h = await start(engine)
-    seq = engine.sequence = [*h.tok.encode('{"a": [1, 2, 3, 4, 5, 6]}'), EOS]
     try:
         task = asyncio.create_task(h.chat({"messages": MSG, "n": 4}))
         await wait_for(lambda: len(engine.requests) == 4)
