@@ -1,20 +1,14 @@
-"""What a constrained generation records and answers: a forced tool call's fixed text as the
-tokenizer's own ids, and a JSON-schema output that is JSON and meets the schema (or no answer).
-
-The fake engines here follow the constraint the proxy sends the way a weak policy sampled at
-temperature 1 does where the grammar leaves it free: they spell text one character a token.
-"""
+"""What a JSON-schema generation sends and answers: length-bounded strings as patterns the
+grammar holds to JSON, and an output that is JSON and meets the schema (or no answer)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import grpc
 import pytest
 from proxy_fakes import EOS, FakeEngineClient, error_detail, start
 
-from areal_proxy.engine.base import GenerationRequest
 from areal_proxy.structured_json import check, engine_schema
 from areal_runtime.errors import InvalidRequest
 
@@ -30,73 +24,6 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
 ARGS = '{"city": "Rome"}'
-
-
-class SpellingEngine(FakeEngineClient):
-    """Writes what the structural tag allows, one character a token wherever the grammar
-    lets text be spelled freely (a forced token id is the only token it may write there)."""
-
-    tok: Any = None  # the proxy's tokenizer, set once the proxy is up
-
-    def _spell(self, text: str) -> list[int]:
-        return [i for ch in text for i in self.tok.encode(ch)]
-
-    def _walk(self, fmt: dict[str, Any]) -> list[int]:
-        kind = fmt["type"]
-        if kind == "token":
-            return [fmt["token"]]
-        if kind == "const_string":
-            return self._spell(fmt["value"])
-        if kind == "json_schema":
-            return self._spell(ARGS)
-        if kind == "sequence":
-            return [i for e in fmt["elements"] for i in self._walk(e)]
-        if kind == "or":
-            return self._walk(fmt["elements"][0])
-        if kind == "star":
-            return []
-        if kind == "tags_with_separator":  # a text-level call: its text spelled out
-            tag = fmt["tags"][0]
-            return self._spell(tag["begin"] + ARGS + tag["end"])
-        raise AssertionError(f"unexpected format {kind}")
-
-    async def generate_stream(self, req: GenerationRequest):  # type: ignore[override]
-        assert req.constraint is not None and req.constraint[0] == "structural_tag"
-        self.sequence = [*self._walk(json.loads(req.constraint[1])["format"]), EOS]
-        async for chunk in super().generate_stream(req):
-            yield chunk
-
-
-@pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(
-    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
-)
-async def test_a_forced_calls_fixed_text_is_recorded_as_the_tokenizers_own_ids(choice, stream):
-    engine = SpellingEngine([])
-    h = await start(engine, tool_call_parser="hermes")
-    engine.tok = h.tok
-    try:
-        body = {"messages": MSG, "tools": TOOLS, "tool_choice": choice}
-        if stream:
-            await h.chat_stream(body)
-        else:
-            out = await h.chat(body)
-            (call,) = out["choices"][0]["message"]["tool_calls"]
-            assert call["function"]["name"] == "get_weather"
-            assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
-            assert out["choices"][0]["finish_reason"] == "tool_calls"
-        (rec,) = h.records
-        head = h.tok.encode('<tool_call>\n{"name": "get_weather", "arguments":')
-        tail = h.tok.encode("\n</tool_call>")
-        # The scaffold is the tokenizer's encoding of it, not its text spelled one character
-        # a token; what sits between (the seam and the arguments) is the model's own.
-        assert rec.token_ids[: len(head)] == head
-        assert rec.token_ids[-len(tail) - 1 :] == [*tail, EOS]
-        middle = rec.token_ids[len(head) : -len(tail) - 1]
-        assert h.tok.decode(middle) == " " + ARGS + "}"
-        assert len(rec.logprobs) == len(rec.token_ids)
-    finally:
-        await h.close()
 
 
 # ---- JSON-schema outputs -----------------------------------------------------------------

@@ -337,7 +337,6 @@ class InferenceCore:
             req.tools,
             req.tool_choice,
             req.parallel_tool_calls,
-            self.tok.encode,
         )
         if forced is not None:
             if template.constraint is not None:
