@@ -196,6 +196,8 @@ class ProxyServer:
             self.state.engine_detail = "retired"
             return
         ok = await self.engine.health()
+        if ok:  # what the engine takes, read when it (re)connects (inference/core.py)
+            await self.servicer.handler.learn_engine_limit(not self.state.engine_healthy)
         if ok != self.state.engine_healthy:
             log.log(
                 logging.INFO if ok else logging.WARNING,
