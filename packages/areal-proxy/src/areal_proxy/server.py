@@ -342,6 +342,7 @@ async def serve(settings: Settings) -> int:
         proxy_id=settings.proxy_id,
         model=settings.model,
         engine_url=settings.engine_url,
+        tool_call_parser=server.servicer.handler.config.tool_call_parser,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,12 +18,13 @@ import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError
+from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
 from areal_proxy.engine import refusals
 from areal_proxy.engine.base import EngineError, GenerationRequest
 from areal_proxy.forced_tools import forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.inference.choices import all_of, merged
+from areal_proxy.output_parsing import NO_PARSER
 from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.screen import CHAT as SCREEN_CHAT
@@ -31,6 +32,7 @@ from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
 from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.tool_prompt import default_tool_parser
 from areal_runtime import tracing
 from areal_runtime.errors import InvalidRequest
 from areal_runtime.offload import Offload, OffloadFailed
@@ -111,6 +113,24 @@ class InferenceCore:
         screen: Offload | None = None,
         on_prompt: Callable[[Built], None] | None = None,
     ) -> None:
+        if prompts is not None:
+            # Without --tool-call-parser, the one the chat template leaves no doubt about; a
+            # template that ignores `tools` gets them in that parser's format (tool_prompt.py).
+            template = prompts.template
+            if not config.tool_call_parser:
+                parser = default_tool_parser(template.source, template.renders_tools)
+                config = replace(config, tool_call_parser=parser)
+        if config.tool_call_parser == NO_PARSER:
+            config = replace(config, tool_call_parser="")
+        if prompts is not None:
+            prompts.template.tool_parser = config.tool_call_parser
+        log.info(
+            "tool-call parser: %s%s",
+            config.tool_call_parser or "none",
+            ""
+            if prompts is None or prompts.template.renders_tools
+            else " (the chat template does not render tools: the proxy's default tool prompt)",
+        )
         self.config = config
         self.tok = tok
         self.prompts = prompts
@@ -345,6 +365,8 @@ class InferenceCore:
             raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
+        except ToolsNotRendered as e:
+            raise bad(str(e), "tools", "unsupported_parameter") from None
 
     def chat_prompt(
         self, req: ChatRequest, ot: OpenTurn | None = None, rendered: str | None = None
@@ -373,6 +395,8 @@ class InferenceCore:
             raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
+        except ToolsNotRendered as e:
+            raise bad(str(e), "tools", "unsupported_parameter") from None
         ot.prompt = built
         if self.on_prompt is not None:
             self.on_prompt(built)
