@@ -1,5 +1,7 @@
 """Agent frameworks on a real instruct model: SmolLM2-135M-Instruct behind a real stack
-(router, gateway, data proxy with the hermes tool-call parser, SGLang on the CPU).
+(router, gateway, data proxy, SGLang on the CPU). The proxy is started without
+--tool-call-parser: SmolLM2's chat template does not render `tools`, so the proxy writes them
+into the prompt in hermes' format and parses hermes calls (areal_proxy/tool_prompt.py).
 
 - `openai-agents`' default Runner (its Responses model, `/v1/responses`) completes a tool
   loop: the first turn's `tool_choice="required"` is enforced by constrained decoding, the
@@ -31,7 +33,6 @@ def stack(smol_engine, tmp_path_factory):
         smol_engine.model_path,
         model=MODEL,
         n_proxies=1,
-        proxy_args=["--tool-call-parser", "hermes"],
     )
     yield s
     s.stop()
@@ -68,8 +69,10 @@ def test_openai_agents_runner_completes_a_tool_loop_and_it_is_recorded(stack):
             instructions="You answer questions about the weather.",
             model=MODEL,
             tools=[get_weather],
+            # One call: allowed several, SmolLM2 at temperature 0 repeats the same call
+            # until max_tokens (measured: 5 identical calls in 160 tokens).
             model_settings=agents.ModelSettings(
-                tool_choice="required", max_tokens=64, temperature=0
+                tool_choice="required", max_tokens=64, temperature=0, parallel_tool_calls=False
             ),
         )
         try:
@@ -113,3 +116,113 @@ def test_real_model_json_schema_answer_validates(stack):
     parsed = r.choices[0].message.parsed
     assert isinstance(parsed, Capital), r.choices[0].message.content
     assert json.loads(r.choices[0].message.content or "")["capital"] == parsed.capital
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_tools_reach_the_real_models_prompt(stack):
+    """SmolLM2's template ignores `tools`; they used to vanish (equal prompt_tokens)."""
+    client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, timeout=300)
+    msgs: list = [{"role": "user", "content": "What is the weather in Paris?"}]
+    try:
+        plain = client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=1, temperature=0
+        )
+        tooled = client.chat.completions.create(
+            model=MODEL, messages=msgs, tools=[WEATHER_TOOL], max_tokens=1, temperature=0
+        )
+    finally:
+        client.close()
+    assert plain.usage and tooled.usage
+    assert tooled.usage.prompt_tokens > plain.usage.prompt_tokens + 30
+
+
+def test_langchain_bind_tools_calls_a_tool_on_the_real_model(stack):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=MODEL,
+        base_url=stack.gateway_url + "/v1",
+        api_key=ADMIN_KEY,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=48,  # type: ignore[call-arg]
+        max_retries=0,
+        timeout=300,
+    )
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"It is sunny in {city}."
+
+    msg = llm.bind_tools([get_weather], tool_choice="required").invoke(
+        "What is the weather in Paris?"
+    )
+    assert [c["name"] for c in msg.tool_calls] == ["get_weather"], msg
+    assert isinstance(msg.tool_calls[0]["args"].get("city"), str)
+
+
+def _counting_client(stack) -> tuple[openai.OpenAI, list[str]]:
+    sent: list[str] = []
+    http = httpx.Client(timeout=300, event_hooks={"request": [lambda r: sent.append(str(r.url))]})
+    # The SDK's default retries (2) stay on: a 400 must not be retried.
+    client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, http_client=http)
+    return client, sent
+
+
+def test_an_invalid_json_schema_is_a_400_naming_response_format(stack):
+    client, sent = _counting_client(stack)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+    try:
+        for stream in (False, True):
+            sent.clear()
+            with pytest.raises(openai.BadRequestError) as info:
+                r = client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=8,
+                    response_format=bad,  # type: ignore[arg-type]
+                    stream=stream,
+                )
+                if stream:
+                    list(r)  # type: ignore[arg-type]
+            err = info.value.body if isinstance(info.value.body, dict) else {}  # the SDK unwraps it
+            assert err.get("param") == "response_format", info.value
+            assert "objekt" in err["message"] and "/project/" not in err["message"]
+            assert len(sent) == 1  # not retried
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_prompt_over_the_engines_kv_cache_is_a_400_naming_the_limit(stack, endpoint):
+    """The engine runs with --max-total-tokens 4096 (it takes prompts under 4090 tokens)
+    under a model context of 8192: the proxy learned the engine's limit and refuses at once."""
+    client, sent = _counting_client(stack)
+    text = "hello " * 5000
+    try:
+        with pytest.raises(openai.BadRequestError) as info:
+            if endpoint == "chat":
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=4
+                )
+            else:
+                client.completions.create(model=MODEL, prompt=text, max_tokens=4)
+    finally:
+        client.close()
+    err = info.value.body if isinstance(info.value.body, dict) else {}  # the SDK unwraps it
+    param = "messages" if endpoint == "chat" else "prompt"
+    assert (err.get("param"), err.get("code")) == (param, "context_length_exceeded"), err
+    assert "fewer than 4090 tokens" in err["message"] and "--max-total-tokens" in err["message"]
+    assert len(sent) == 1

@@ -294,7 +294,7 @@ async def test_named_tool_choice_allows_only_that_function():
 @pytest.mark.parametrize(
     ("parser", "reasoning", "why"),
     [
-        ("", "", "no tool-call parser"),
+        ("none", "", "no tool-call parser"),
         ("mistral", "", "cannot be enforced"),
         ("hermes", "qwen3", "reasoning"),
     ],

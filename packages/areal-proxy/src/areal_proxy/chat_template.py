@@ -13,14 +13,20 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from areal_proxy import tool_prompt
 from areal_proxy.recording.concat import continue_tokens
 from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
 
-__all__ = ["ChatTemplate", "PromptBuilder", "PromptTooLong", "TemplateError"]
+__all__ = ["ChatTemplate", "PromptBuilder", "PromptTooLong", "TemplateError", "ToolsNotRendered"]
 
 
 class TemplateError(Exception):
     """The template refused the conversation (raise_exception) or failed to render."""
+
+
+class ToolsNotRendered(Exception):
+    """The template does not render `tools` and the tool-call parser has no default prompt
+    (tool_prompt.py): the request's tools would be ignored."""
 
 
 def _raise_exception(message: str) -> None:
@@ -84,8 +90,44 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template does not compile: {e}") from e
         self._base = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+        self.source = source
+        # The parser whose format the default tool prompt asks for (tool_prompt.py).
+        self.tool_parser = ""
+        self._renders_tools: bool | None = None
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template writes `tools` into the prompt (probed once)."""
+        if self._renders_tools is None:
+            self._renders_tools = tool_prompt.renders_tools(self._render)
+        return self._renders_tools
 
     def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        if tools and not self.renders_tools:
+            if not tool_prompt.can_prompt(self.tool_parser):
+                why = (
+                    "no tool-call parser is set (start the proxy with --tool-call-parser hermes)"
+                    if not self.tool_parser
+                    else f"the {self.tool_parser!r} tool-call parser's format has no default "
+                    "prompt (one of hermes, qwen25, llama3 has)"
+                )
+                raise ToolsNotRendered(
+                    f"this model's chat template does not render 'tools' and {why}"
+                )
+            messages = tool_prompt.with_tools(messages, tools, self.tool_parser)
+            tools = None
+        return self._render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, extra=extra
+        )
+
+    def _render(
         self,
         messages: list[dict[str, Any]],
         *,
@@ -137,6 +179,10 @@ class PromptBuilder:
         self._template = ChatTemplate(
             tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
         )
+
+    @property
+    def template(self) -> ChatTemplate:
+        return self._template
 
     def render(
         self,

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# --tool-call-parser none: no tool-call parser, not even the one the chat template suggests.
+NO_PARSER = "none"
+
 
 def check_parsers(tool_parser: str, reasoning_parser: str) -> None:
     """Fail at start (ValueError) on a parser name the parsers package does not know."""
+    tool_parser = "" if tool_parser == NO_PARSER else tool_parser
     if not tool_parser and not reasoning_parser:
         return
     from areal_proxy.parsers import check_parser_names

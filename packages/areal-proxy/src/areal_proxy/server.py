@@ -196,6 +196,8 @@ class ProxyServer:
             self.state.engine_detail = "retired"
             return
         ok = await self.engine.health()
+        if ok:  # what the engine takes, read when it (re)connects (inference/core.py)
+            await self.servicer.handler.learn_engine_limit(not self.state.engine_healthy)
         if ok != self.state.engine_healthy:
             log.log(
                 logging.INFO if ok else logging.WARNING,
@@ -340,6 +342,7 @@ async def serve(settings: Settings) -> int:
         proxy_id=settings.proxy_id,
         model=settings.model,
         engine_url=settings.engine_url,
+        tool_call_parser=server.servicer.handler.config.tool_call_parser,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

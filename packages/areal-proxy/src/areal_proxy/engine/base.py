@@ -48,10 +48,20 @@ class EngineError(Exception):
     """The engine could not be reached or answered with an error."""
 
     def __init__(
-        self, message: str, *, status: int = 502, retryable: bool = False, lost: bool = False
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        retryable: bool = False,
+        lost: bool = False,
+        refused: str = "",
     ) -> None:
         super().__init__(message)
         self.status = status
+        # Set when the engine refused the request itself as invalid (engine/refusals.py):
+        # what of it, "prompt" (longer than the engine takes), "constraint" (a grammar it
+        # cannot compile) or "request" (anything else); the client's error, never retried.
+        self.refused = refused
         # True only when nothing was generated (connection refused before the
         # request was accepted): generation is never retried blindly.
         self.retryable = retryable

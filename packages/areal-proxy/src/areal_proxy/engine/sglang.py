@@ -25,6 +25,7 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
+from areal_proxy.engine.refusals import body_message, is_refusal_status, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
@@ -90,6 +91,26 @@ def _finish(meta: dict[str, Any]) -> tuple[str | None, int | None]:
     kind = _FINISH.get(fr.get("type", ""), "stop")
     matched = fr.get("matched")
     return kind, matched if isinstance(matched, int) else None
+
+
+def _http_error(raw: bytes, status: int) -> EngineError:
+    """A /generate that answered an error status: SGLang's 400 is its refusal of the request
+    (too long, a grammar it cannot compile: the client's error); anything else is the engine's."""
+    if is_refusal_status(status):
+        return refusal(body_message(raw), status=400)
+    return EngineError(f"engine /generate -> {status}: {raw[:300]!r}", status=502)
+
+
+def _refused_in(meta: dict[str, Any]) -> EngineError | None:
+    """SGLang refuses a streamed request with a first event whose finish reason is an abort
+    with a 4xx `status_code` (and a junk token); an abort the proxy asked for has none."""
+    fr = meta.get("finish_reason")
+    if not isinstance(fr, dict) or fr.get("type") != "abort":
+        return None
+    code = fr.get("status_code")
+    if isinstance(code, int) and 400 <= code < 500:
+        return refusal(str(fr.get("message") or "the engine refused the request"))
+    return None
 
 
 def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[int, float]]]:
@@ -197,9 +218,28 @@ class SGLangClient:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    async def context_limit(self) -> int:
+        """One more than the longest prompt this engine takes: SGLang's `max_req_input_len`
+        (/get_server_info), the smaller of the model's context and the KV cache
+        (--max-total-tokens) less a margin of 6; a prompt that long is refused, an output is cut
+        to fit the rest. 0: the engine does not say. EngineError: it did not answer."""
+        try:
+            async with self._http().get(
+                self.base_url + "/get_server_info", timeout=self._probe_timeout
+            ) as r:
+                if r.status != 200:
+                    return 0
+                info = orjson.loads(await r.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+            raise EngineError(f"engine /get_server_info failed: {e!r}", status=503) from e
+        n = info.get("max_req_input_len") if isinstance(info, dict) else None
+        return n if isinstance(n, int) and n > 0 else 0
+
     async def generate(self, req: GenerationRequest) -> GenerationResult:
         out = await self._post_generate(req)
         meta = out.get("meta_info", {})
+        if (refused := _refused_in(meta)) is not None:
+            raise refused
         lps = meta.get("output_token_logprobs") or []
         finish, _ = _finish(meta)
         return GenerationResult(
@@ -216,7 +256,7 @@ class SGLangClient:
             async with self._http().post(self._generate_url, data=_payload(req, False)) as r:
                 raw = await r.read()
                 if r.status >= 400:
-                    raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
+                    raise _http_error(raw, r.status)
                 return orjson.loads(raw)
         except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
@@ -234,8 +274,7 @@ class SGLangClient:
         try:
             async with self._http().post(self._generate_url, data=_payload(req, True)) as r:
                 if r.status >= 400:
-                    raw = await r.read()
-                    raise EngineError(f"engine /generate -> {r.status}: {raw[:300]!r}", status=502)
+                    raise _http_error(await r.read(), r.status)
                 async for data in _sse_data(r.content):
                     if data == b"[DONE]":
                         break
@@ -246,10 +285,13 @@ class SGLangClient:
                         code = err.get("code", 400) if isinstance(err, dict) else 400
                         # An engine that rejects the request before any token
                         # (e.g. context too long) is the client's error.
-                        raise EngineError(
-                            f"engine rejected the request: {msg}", status=int(code or 400)
-                        )
+                        status = code if isinstance(code, int) else 400
+                        if is_refusal_status(status):
+                            raise refusal(msg)
+                        raise EngineError(f"engine error during generation: {msg}", status=502)
                     meta = out.get("meta_info", {})
+                    if (refused := _refused_in(meta)) is not None:
+                        raise refused
                     ids = out.get("output_ids") or []
                     offset = int(meta.get("completion_tokens", len(ids))) - len(ids)
                     if offset > emitted:

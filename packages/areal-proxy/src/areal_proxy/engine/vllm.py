@@ -46,6 +46,7 @@ from areal_proxy.engine.base import (
     GenerationResult,
     engine_constraint,
 )
+from areal_proxy.engine.refusals import body_message, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
@@ -152,20 +153,12 @@ def _finish(choice: dict[str, Any], ids: list[int]) -> tuple[str | None, int | N
 
 
 def _error(raw: bytes, status: int, path: str) -> EngineError:
-    """An EngineError from an engine error body (OpenAI style or FastAPI's)."""
-    msg: Any = raw[:300]
-    try:
-        body = orjson.loads(raw)
-        err = body.get("error", body) if isinstance(body, dict) else body
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or err
-        else:
-            msg = err
-    except orjson.JSONDecodeError:
-        pass
+    """An EngineError from an engine error body (OpenAI style or FastAPI's): a refusal of the
+    request itself (engine/refusals.py) for a client status, else the engine's failure."""
+    msg = body_message(raw)
     if status in _CLIENT_STATUSES:
-        return EngineError(f"engine rejected the request: {msg}", status=status)
-    return EngineError(f"engine {path} -> {status}: {msg}", status=502)
+        return refusal(msg, status=400)
+    return EngineError(f"engine {path} -> {status}: {msg[:300]}", status=502)
 
 
 def _stream_error(event: dict[str, Any]) -> EngineError:
@@ -180,7 +173,7 @@ def _stream_error(event: dict[str, Any]) -> EngineError:
     except (TypeError, ValueError):
         status = 500
     if status in _CLIENT_STATUSES:
-        return EngineError(f"engine rejected the request: {msg}", status=status)
+        return refusal(str(msg), status=400)
     return EngineError(f"engine error during generation: {msg}", status=502)
 
 
@@ -353,6 +346,26 @@ class VLLMClient:
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+    async def context_limit(self) -> int:
+        """The most tokens one request may hold, prompt and output (vLLM's `max_model_len`,
+        from /v1/models: a prompt that long is refused, and so is a max_tokens beyond the
+        rest). 0: the engine does not say. EngineError: it did not answer."""
+        try:
+            async with self._http().get(
+                self.base_url + "/v1/models", timeout=self._probe_timeout
+            ) as r:
+                if r.status != 200:
+                    return 0
+                doc = orjson.loads(await r.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+            raise EngineError(f"engine /v1/models failed: {e!r}", status=503) from e
+        models = doc.get("data") if isinstance(doc, dict) else None
+        for m in models if isinstance(models, list) else []:
+            if isinstance(m, dict) and (not self.model or m.get("id") == self.model):
+                n = m.get("max_model_len")
+                return n if isinstance(n, int) and n > 0 else 0
+        return 0
 
     async def generate(self, req: GenerationRequest) -> GenerationResult:
         version = await self._version()

@@ -12,7 +12,6 @@ import orjson
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
 from areal_proxy.generation import GenerationRecord
-from areal_proxy.inference.choices import all_of
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
 from areal_proxy.output_parsing import (
     collect_events,
@@ -49,7 +48,7 @@ async def whole(
 ) -> tuple[bytes, GenerationRecord]:
     req, p = await core.prepare_chat(body, env, out.response_id("chatcmpl"))
     try:
-        await all_of(core.controller.generate(rec, p.template) for rec, _ in p.recs)
+        await core.generate_all(p)
     finally:
         core.finish(p)
     finals = [core.final_text(rec, p.template, req.sampling) for rec, _ in p.recs]
@@ -131,7 +130,7 @@ async def _choice_stream(
     events: list[Any] = []
     usage_field = req.include_usage
     first = True
-    async with aclosing(core.text_steps(rec, p.template, req.sampling)) as steps:
+    async with aclosing(core.text_steps(p, rec, 0, req.sampling)) as steps:
         async for ts in steps:
             if ot is not None or p.schema is not None:
                 texts.append(ts.text)

@@ -11,7 +11,6 @@ import orjson
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
 from areal_proxy.generation import GenerationRecord
-from areal_proxy.inference.choices import all_of
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
 from areal_proxy.recorder import OpenTurn
 from areal_runtime.openai import CompletionRequest
@@ -36,7 +35,7 @@ async def whole(
 ) -> tuple[bytes, GenerationRecord]:
     req, p = await core.prepare_completion(body, env, out.response_id("cmpl"))
     try:
-        await all_of(core.controller.generate(rec, p.template) for rec, _ in p.recs)
+        await core.generate_all(p)
     finally:
         core.finish(p)
     top = req.logprobs or 0
@@ -105,7 +104,7 @@ async def _choice_stream(
     pending = echo
     offset = len(pending)
     usage_field = req.include_usage
-    async with aclosing(core.text_steps(rec, p.template, req.sampling)) as steps:
+    async with aclosing(core.text_steps(p, rec, prompt_index, req.sampling)) as steps:
         async for ts in steps:
             ids = ts.step.token_ids
             lp = None

@@ -18,11 +18,13 @@ import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError
-from areal_proxy.engine.base import GenerationRequest
+from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
+from areal_proxy.engine import refusals
+from areal_proxy.engine.base import EngineError, GenerationRequest
 from areal_proxy.forced_tools import forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
-from areal_proxy.inference.choices import merged
+from areal_proxy.inference.choices import all_of, merged
+from areal_proxy.output_parsing import NO_PARSER
 from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
 from areal_proxy.recorder import OpenTurn, Recorder
 from areal_proxy.screen import CHAT as SCREEN_CHAT
@@ -31,6 +33,7 @@ from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.structured_json import check, engine_schema
 from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.tool_prompt import default_tool_parser
 from areal_runtime import tracing
 from areal_runtime.errors import InvalidRequest, UpstreamError
 from areal_runtime.offload import Offload, OffloadFailed
@@ -87,6 +90,10 @@ class Prepared:
     prompts_json: list[bytes | None] = field(default_factory=list)
     # The request's own JSON schema (response_format), that a finished output must meet.
     schema: dict[str, Any] | None = None
+    # What an engine's refusal names (InferenceCore.refused): prompt i's field, and the field
+    # that holds the output constraint.
+    prompt_param: Callable[[int], str] = field(default=lambda _: "messages")
+    constraint_param: str = "response_format"
 
     def turn_of(self, k: int) -> OpenTurn | None:
         """The open turn of choice `k`: with one choice the request's own (its interaction id
@@ -109,11 +116,35 @@ class InferenceCore:
         screen: Offload | None = None,
         on_prompt: Callable[[Built], None] | None = None,
     ) -> None:
+        if prompts is not None:
+            # Without --tool-call-parser, the one the chat template leaves no doubt about; a
+            # template that ignores `tools` gets them in that parser's format (tool_prompt.py).
+            template = prompts.template
+            if not config.tool_call_parser:
+                parser = default_tool_parser(template.source, template.renders_tools)
+                config = replace(config, tool_call_parser=parser)
+        if config.tool_call_parser == NO_PARSER:
+            config = replace(config, tool_call_parser="")
+        if prompts is not None:
+            prompts.template.tool_parser = config.tool_call_parser
+        log.info(
+            "tool-call parser: %s%s",
+            config.tool_call_parser or "none",
+            ""
+            if prompts is None or prompts.template.renders_tools
+            else " (the chat template does not render tools: the proxy's default tool prompt)",
+        )
         self.config = config
         self.tok = tok
         self.prompts = prompts
         self.controller = controller
-        self.context_length = config.context_length or tok.context_length
+        # The limit every prompt is checked against: the model's context (or
+        # --context-length), lowered to what the engine takes once that is learned
+        # (learn_engine_limit).
+        self.model_context = config.context_length or tok.context_length
+        self.engine_context = 0
+        self._engine_context_known = False
+        self.context_length = self.model_context
         # A session turn's prompt continues its previous turn's (prompt/incremental.py).
         self.session_prompts = SessionPrompts(prompts, tok) if prompts is not None else None
         if recorder is not None and recorder.prompts is None:
@@ -157,13 +188,77 @@ class InferenceCore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
-    def _too_long(self, tokens: int, param: str, *, at_least: bool = False) -> InvalidRequest:
-        return bad(
-            f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; "
-            f"this model's context length is {self.context_length}",
-            param,
-            "context_length_exceeded",
+    # ---- what the engine takes ---------------------------------------------------------
+
+    async def learn_engine_limit(self, reconnected: bool) -> None:
+        """Ask the engine how long a request it takes (engine clients' `context_limit`): on
+        every (re)connection, and after each failed try until it answers. An engine that
+        takes less than the model's context (SGLang with --max-total-tokens 4096 under a
+        model of 8192) would refuse such a prompt, or silently cut the output short; the
+        smaller limit wins. Never raises: a proxy without the answer keeps the model's."""
+        if self._engine_context_known and not reconnected:
+            return
+        ask = getattr(self.controller.engine, "context_limit", None)
+        if ask is None:
+            self._engine_context_known = True
+            return
+        try:
+            limit = int(await ask())
+        except Exception as e:  # any failure: asked again on the next check
+            log.warning("could not read the engine's context limit (asked again): %s", e)
+            return
+        self._engine_context_known = True
+        self.set_engine_context(limit)
+
+    def set_engine_context(self, limit: int) -> None:
+        self.engine_context = max(0, limit)
+        limits = [n for n in (self.model_context, self.engine_context) if n > 0]
+        context = min(limits) if limits else 0
+        if context != self.context_length:
+            log.info(
+                "prompts are checked against %d tokens (model context %d, engine %d)",
+                context,
+                self.model_context,
+                self.engine_context,
+            )
+        self.context_length = context
+
+    def _engine_binds(self) -> bool:
+        return 0 < self.engine_context and (
+            self.model_context <= 0 or self.engine_context < self.model_context
         )
+
+    def _too_long(self, tokens: int, param: str, *, at_least: bool = False) -> InvalidRequest:
+        size = f"the prompt is {'at least ' if at_least else ''}{tokens} tokens"
+        if self._engine_binds():
+            limit = (
+                f"the engine serving this model takes prompts of fewer than "
+                f"{self.engine_context} tokens (its KV cache or context is smaller than the "
+                f"model's {self.model_context}); shorten '{param}' or start the engine with a "
+                "larger --max-total-tokens"
+            )
+        else:
+            limit = f"this model's context length is {self.context_length}; shorten '{param}'"
+        return bad(f"{size}; {limit}", param, "context_length_exceeded")
+
+    def refused(self, e: EngineError, prompt_param: str, constraint_param: str) -> InvalidRequest:
+        """The engine's refusal of the request (EngineError.refused) as the client's 400, naming
+        what to change; the engine's own words follow, cleaned (engine/refusals.py)."""
+        if e.refused == refusals.PROMPT:
+            return bad(
+                f"the engine serving this model refused the prompt as too long ({e}); "
+                f"shorten '{prompt_param}'",
+                prompt_param,
+                "context_length_exceeded",
+            )
+        if e.refused == refusals.CONSTRAINT:
+            return bad(
+                f"the engine cannot compile '{constraint_param}' into a grammar ({e}); fix it "
+                "(a JSON schema's types are object, array, string, number, integer, boolean "
+                "and null)",
+                constraint_param,
+            )
+        return bad(f"the engine refused the request: {e}", None)
 
     def _budget(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         ctx = self.context_length
@@ -273,6 +368,8 @@ class InferenceCore:
             raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
+        except ToolsNotRendered as e:
+            raise bad(str(e), "tools", "unsupported_parameter") from None
 
     def chat_prompt(
         self, req: ChatRequest, ot: OpenTurn | None = None, rendered: str | None = None
@@ -301,6 +398,8 @@ class InferenceCore:
             raise self._too_long(e.tokens, "messages", at_least=not e.exact) from None
         except TemplateError as e:
             raise bad(str(e), "messages", "chat_template_error") from None
+        except ToolsNotRendered as e:
+            raise bad(str(e), "tools", "unsupported_parameter") from None
         ot.prompt = built
         if self.on_prompt is not None:
             self.on_prompt(built)
@@ -347,6 +446,7 @@ class InferenceCore:
                 )
             template.constraint = (forced.kind, forced.value)
         p = Prepared(rid, ot, [prompt], template, schema=_schema(req.sampling))
+        p.constraint_param = "tools" if forced is not None else _constraint_param(template)
         if ot is not None and ot.prompt is not None:
             p.prompts_json = [ot.prompt.ids_json]
         self._start(p, req.sampling, lambda _: "messages")
@@ -400,6 +500,8 @@ class InferenceCore:
             self._template(req.sampling, req.logprobs or 0),
             schema=_schema(req.sampling),
         )
+        p.prompt_param = param
+        p.constraint_param = _constraint_param(p.template)
         self._start(p, req.sampling, param)
         return req, p
 
@@ -411,10 +513,36 @@ class InferenceCore:
             return ids[:-1]
         return ids
 
+    async def generate_all(self, p: Prepared) -> None:
+        """Every choice's whole generation; an engine's refusal is the client's 400."""
+
+        async def one(rec: GenerationRecord, i: int) -> None:
+            try:
+                await self.controller.generate(rec, p.template)
+            except EngineError as e:
+                if not e.refused:
+                    raise
+                raise self.refused(e, p.prompt_param(i), p.constraint_param) from None
+
+        await all_of(one(rec, i) for rec, i in p.recs)
+
     async def text_steps(
+        self, p: Prepared, rec: GenerationRecord, prompt_index: int, s: Sampling
+    ) -> AsyncGenerator[TextStep, None]:
+        """A streamed generation's steps with their text, cut at a stop string; an engine's
+        refusal is the client's 400."""
+        try:
+            async with aclosing(self._text_steps(rec, p.template, s)) as steps:
+                async for ts in steps:
+                    yield ts
+        except EngineError as e:
+            if not e.refused:
+                raise
+            raise self.refused(e, p.prompt_param(prompt_index), p.constraint_param) from None
+
+    async def _text_steps(
         self, rec: GenerationRecord, template: GenerationRequest, s: Sampling
     ) -> AsyncGenerator[TextStep, None]:
-        """A streamed generation's steps with their text, cut at a stop string."""
         detok = self.tok.detokenizer(skip_special_tokens=s.skip_special_tokens)
         stopper = StopChecker(s.stop) if s.stop else None
         stop_ids = template.stop_token_ids
@@ -527,6 +655,13 @@ def _engine_constraint(s: Sampling) -> tuple[str, str] | None:
 def _heavy(body: bytes, ot: OpenTurn | None) -> bool:
     # A session's turn may continue a long parent (concat decodes all its tokens).
     return len(body) > _INLINE_BODY_BYTES or (ot is not None and ot.turn.parent is not None)
+
+
+def _constraint_param(template: GenerationRequest) -> str:
+    """The request field a constraint came from: SGLang's `regex` / `ebnf` (a regex may also
+    sit in `response_format.regex`), else `response_format`'s JSON schema."""
+    kind = template.constraint[0] if template.constraint else ""
+    return kind if kind in ("regex", "ebnf") else "response_format"
 
 
 def _prompt_param(n_prompts: int) -> Callable[[int], str]:
