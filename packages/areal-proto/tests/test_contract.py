@@ -38,6 +38,7 @@ INFERENCE_PROXY = {
     "SetVersion",
     "UpdateWeights",
     "ContinueGeneration",
+    "Retire",
 }
 AGENT_PROXY = {
     "CreateAgentSession",
