@@ -48,6 +48,14 @@ def test_a_length_bounded_string_goes_to_the_engine_as_a_pattern_without_control
     assert got["properties"]["fixed"] == schema["properties"]["fixed"]
     assert got["properties"]["free"] == {"type": "string"}
     assert schema["properties"]["s"] == {"type": "string", "maxLength": 8}  # not changed
+    # Past 128 the grammar backend cannot compile the repetition: the length stays as it is
+    # (the final check still refuses a raw control character).
+    for long in ({"minLength": 1500}, {"maxLength": 129}, {"minLength": 1, "maxLength": 200}):
+        kept = {"type": "string", **long}
+        assert (
+            engine_schema({"type": "object", "properties": {"x": kept}}, "r")["properties"]["x"]
+            == kept
+        )
 
 
 def test_a_pattern_with_a_length_is_refused_naming_what_to_do():

@@ -24,6 +24,8 @@ from areal_runtime.openai import bad
 # Characters a length-bounded string may hold: xgrammar's length rule less the control
 # characters; UTF-16 surrogates (which UTF-8 cannot hold, but xgrammar's character classes
 # accept as 3-byte sequences that then decode to 3 replacement characters) are out too.
+# The largest repetition bound the engines' grammar backend compiles in a pattern.
+_MAX_PATTERN_BOUND = 128
 _STRING_CHAR = r'[^\u0000-\u001f"\\\ud800-\udfff]'
 # Keywords that decide a string's text whatever its length says.
 _FIXED = ("enum", "const", "format")
@@ -59,10 +61,16 @@ def engine_schema(schema: Any, param: str) -> Any:
                 param,
             )
         if not any(k in out for k in _FIXED):
-            low = _bound(out.pop("minLength", 0), "minLength", param)
-            high = out.pop("maxLength", None)
-            top = "" if high is None else str(_bound(high, "maxLength", param))
-            out["pattern"] = f"^{_STRING_CHAR}{{{low},{top}}}$"
+            low = _bound(out.get("minLength", 0), "minLength", param)
+            high = out.get("maxLength")
+            top = None if high is None else _bound(high, "maxLength", param)
+            # xgrammar 0.2.7 fails to compile a repetition bound over 128 ("Check failed:
+            # per_rule_fsm_hashes"): a longer bound keeps the engine's own length rule, and
+            # the final check (`check`) catches a raw control character it lets through.
+            if low <= _MAX_PATTERN_BOUND and (top is None or top <= _MAX_PATTERN_BOUND):
+                out.pop("minLength", None)
+                out.pop("maxLength", None)
+                out["pattern"] = f"^{_STRING_CHAR}{{{low},{'' if top is None else top}}}$"
     return out
 
 
