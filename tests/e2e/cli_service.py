@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from testpaths import ROOT
+from testpaths import PARROT, ROOT
 
 from areal_cli import engines, supervisor
 from areal_cli.errors import CLIError
@@ -102,3 +102,20 @@ def cli_service(home: Path, *run_args: str) -> Iterator[tuple[Areal, str]]:
             os.kill(pid, signal.SIGKILL)
         assert stop.returncode == 0, stop.stderr
         assert not left, f"process groups left running after stop: {left}"
+
+
+@contextmanager
+def parrot_d2(home: Path, model: str, admin_key: str) -> Iterator[tuple[Areal, str]]:
+    """Two CPU SGLang replicas of tiny-parrot as `model`, without supervision (a watchdog
+    restarting a killed or drained engine would take the cores the other one needs)."""
+    with cli_service(
+        home,
+        "--model", model,
+        "--backend", "sglang:d2",
+        "--model-path", str(PARROT),
+        # Room for ~20 long sequences at once (the CPU default, 4096, queues some of them).
+        "--engine-args", "--max-total-tokens 16384",
+        "--admin-api-key", admin_key,
+        "--no-supervise",
+    ) as running:  # fmt: skip
+        yield running

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_service import Areal, cli_service, group_alive, sglang_missing
+from cli_service import Areal, group_alive, parrot_d2, sglang_missing
 from migration_calls import MAX_TOKENS, MODEL, Call, messages_of, output, run_call
 from testpaths import PARROT
 from tokenizers import Tokenizer
@@ -46,15 +46,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    with cli_service(
-        tmp_path_factory.mktemp("home"),
-        "--model", MODEL,
-        "--backend", "sglang:d2",
-        "--model-path", str(PARROT),
-        "--engine-args", "--max-total-tokens 16384",
-        "--admin-api-key", ADMIN_KEY,
-        "--no-supervise",
-    ) as running:  # fmt: skip
+    with parrot_d2(tmp_path_factory.mktemp("home"), MODEL, ADMIN_KEY) as running:
         yield running
 
 
