@@ -51,6 +51,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
         "launch": {
             "gateway_host": _STR,
             "gateway_port": _INT,
+            "gateways": _INT,
             "routing_strategy": _STR,
             "launch_timeout": _NUM,
             "log_level": _STR,
@@ -84,6 +85,7 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
             "session_timeout": _NUM,
             "gateway_host": _STR,
             "gateway_port": _INT,
+            "gateways": _INT,
             "routing_strategy": _STR,
             "inf_service": _STR,
             "inf_gateway_url": _STR,

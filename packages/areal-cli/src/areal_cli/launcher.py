@@ -26,6 +26,7 @@ from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import gateway_healthy
 from areal_cli.private_files import make_dir
+from areal_cli.probes import gateway_url
 from areal_cli.reconcile import terminate_components
 from areal_cli.supervisor import SECRET_ENV
 
@@ -61,6 +62,17 @@ def resolve_binary(cfg: Config, key: str) -> str:
             f"{cfg.group}/config.toml"
         )
     return found
+
+
+# Each gateway is a process with its own channels to the router and every proxy; past this
+# a service wants gateways on more machines, not more on one.
+MAX_GATEWAYS = 64
+
+
+def check_gateways(n: int) -> int:
+    if not 1 <= n <= MAX_GATEWAYS:
+        raise CLIError(f"--gateways must be between 1 and {MAX_GATEWAYS} (got {n})", 2)
+    return n
 
 
 def check_log_level(level: str) -> str:
@@ -248,9 +260,10 @@ def start_router_gateway(
     gateway_args: list[str],
     timeout: Callable[[], float],
     router_host: str = "127.0.0.1",
+    gateways: int = 1,
 ) -> None:
-    """The router, then the gateway pointed at it; both recorded in the state once ready
-    (the gateway once it answers as healthy).
+    """The router, then `gateways` gateways pointed at it; all recorded in the state once
+    ready (a gateway once it answers as healthy).
 
     `common_args` go to both after `--ready-file`, `gateway_args` to the gateway before
     `--router-addr`; `timeout()` is asked before each wait (a group may count down). The
@@ -272,23 +285,43 @@ def start_router_gateway(
     state["router"] = {"address": address}
     launcher.save()
 
-    ready = launcher.ready_file("gateway")
-    argv = [gateway_bin, "--host", host, "--port", str(port), "--ready-file", str(ready)]
-    argv += [*common_args, *gateway_args, "--router-addr", address]
+    shared = gateways > 1
     env = {**launcher.env, **launcher.gateway_env, "AREAL_ADMIN_API_KEY": admin_api_key}
-    proc, gw = launcher.spawn("gateway", "gateway", argv, env=env, host=host, port=port)
-    ginfo: dict[str, Any] = {}
-    file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
 
-    def healthy() -> bool:
-        return file_ok() and gateway_healthy(http_url(host, int(ginfo["port"])), proc.pid)
+    def start_one(name: str, at_port: int) -> tuple[Any, Component, Callable[[], bool]]:
+        ready = launcher.ready_file(name)
+        argv = [gateway_bin, "--host", host, "--port", str(at_port), "--ready-file", str(ready)]
+        if shared:
+            # One port for clients, shared by all; each gateway also has a loopback port of
+            # its own, where the watchdog and `status` reach that one process.
+            argv += ["--reuse-port", "--own-port", "0"]
+        argv += [*common_args, *gateway_args, "--router-addr", address]
+        proc, gw = launcher.spawn(
+            name, "gateway", argv, env=env, host=host, port=at_port, meta={"shared": shared}
+        )
+        ginfo: dict[str, Any] = {}
+        file_ok = Launcher.ready_check(ready, proc.pid, ginfo)
 
-    launcher.wait_all([(proc, gw, healthy)], timeout(), "healthy")
-    url = http_url(host, int(ginfo["port"]))
-    launcher.update(gw, port=int(ginfo["port"]), url=url)
-    state["gateway"] = {"host": host, "port": int(ginfo["port"]), "url": url}
+        def healthy() -> bool:
+            if not file_ok():
+                return False
+            launcher.update(gw, port=int(ginfo["port"]), url=http_url(host, int(ginfo["port"])))
+            return gateway_healthy(gateway_url(gw, ginfo), proc.pid)
+
+        return proc, gw, healthy
+
+    # The first one picks the port when it is 0; the others then share it.
+    first = start_one("gateway", port)
+    launcher.wait_all([first], timeout(), "healthy")
+    port = first[1].port
+    url = http_url(host, port)
+    if gateways > 1:
+        rest = [start_one(f"gateway-{i}", port) for i in range(1, gateways)]
+        launcher.wait_all(rest, timeout(), "healthy")
+    state["gateway"] = {"host": host, "port": port, "url": url}
     launcher.save()
-    progress(f"gateway healthy at {url} ({launcher.elapsed():.1f}s)")
+    more = f" ({gateways} gateways sharing the port)" if shared else ""
+    progress(f"gateway healthy at {url}{more} ({launcher.elapsed():.1f}s)")
 
 
 def start_watchdog(launcher: Launcher) -> None:

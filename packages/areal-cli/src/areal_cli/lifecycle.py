@@ -19,6 +19,7 @@ from areal_cli import supervisor
 from areal_cli.cluster import ray_scheduler
 from areal_cli.components import Component, http_url, sup_info
 from areal_cli.errors import CLIError
+from areal_cli.probes import gateway_url
 from areal_cli.reconcile import comp_state as comp_state
 from areal_cli.reconcile import components as components
 from areal_cli.reconcile import service_status as service_status
@@ -52,6 +53,9 @@ def describe(comp: Component) -> dict[str, Any]:
     for key in ("url", "address", "model", "rank", "proxy_id", "started_at", "gpus"):
         if key in comp.meta:
             d[key] = comp.meta[key]
+    if d["role"] == "gateway" and comp.meta.get("shared"):
+        # One of several on the service's port: where this one process answers.
+        d["own_url"] = gateway_url(comp) if alive else ""
     d["metrics_url"] = metrics_url(comp)
     # Where it runs: this machine, or the cluster node its host is on (and its pid there).
     d["node"] = comp.meta.get("node") or "local"
@@ -72,7 +76,9 @@ def metrics_url(comp: Component) -> str | None:
     if comp.remote or role in ("engine", "watchdog", "guard"):
         return None
     if role == "gateway":
-        url = comp.meta.get("url") or (http_url(comp.host, comp.port) if comp.port else "")
+        # A shared port would answer with any gateway's metrics: its own port, when shared.
+        url = gateway_url(comp) if comp.meta.get("shared") else comp.meta.get("url")
+        url = url or (http_url(comp.host, comp.port) if comp.port else "")
         return f"{url}/metrics" if url else None
     argv = comp.argv
     path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ready-file"), None)
@@ -214,10 +220,20 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
         "foreground": bool((s.get("owner") or {}).get("foreground")),
         "supervision": _supervision(s, described),
     }
+    gateways = [c for c in described.values() if c.get("role") == "gateway"]
+    body = None
+    for g in gateways:
+        # Each gateway at the address only it answers on (the shared port reaches any).
+        at = g.get("own_url") or (s.get("gateway") or {}).get("url", "")
+        health = gateway_health(at, g["pid"], timeout=1.0) if probe and g.get("alive") else None
+        g["healthy"] = health is not None
+        body = body or health
     gw = dict(described.get("gateway") or {})
     gw["url"] = (s.get("gateway") or {}).get("url", "")
-    body = gateway_health(gw["url"], gw["pid"], timeout=1.0) if probe and gw.get("alive") else None
+    # The service's port answers while any of its gateways does.
     gw["healthy"] = body is not None
+    gw["gateways"] = len(gateways)
+    gw["gateways_healthy"] = sum(1 for g in gateways if g.get("healthy"))
     # What the gateway's /health says of the service behind it: "ok" or "degraded", with
     # the router's per-model healthy/total replicas; None when the gateway did not answer.
     doc["serving"] = (
@@ -313,6 +329,8 @@ def print_status(doc: dict[str, Any]) -> None:
         )
     else:
         print("watchdog  off")
+    if gw.get("gateways", 1) > 1:
+        health += f", {gw.get('gateways_healthy', 0)} of {gw['gateways']} gateways answering"
     print(f"gateway   {gw.get('url') or '-'} ({health})")
     serving = doc.get("serving")
     if serving:

@@ -1,7 +1,8 @@
 """What the watchdog asks a component to tell whether it answers, and whether a restarted
 one is ready.
 
-Gateway: `GET /health` answering with its pid; engine: `GET /health`; router, proxies and
+Gateway: `GET /health` answering with its pid (a gateway sharing the service's port with
+others, at the loopback port of its own its ready file names); engine: `GET /health`; router, proxies and
 agent workers: `GET /metrics` on the metrics port of their ready file (a SIGSTOPped process
 answers nothing there).
 """
@@ -34,11 +35,25 @@ def ready_info(comp: Component) -> dict[str, Any] | None:
     return supervisor.read_ready_file(path) if path else None
 
 
+def gateway_url(comp: Component, info: dict[str, Any] | None = None) -> str:
+    """Where this one gateway process answers. Gateways sharing a port (`--gateways N`):
+    the shared port may reach any of them, so its own loopback port from its ready file
+    (`info`, else read now); "" while that file is not this process's yet."""
+    if comp.meta.get("shared"):
+        info = ready_info(comp) if info is None else info
+        own = int((info or {}).get("own_port") or 0)
+        if not own or (info or {}).get("pid") != comp.pid:
+            return ""
+        return http_url("127.0.0.1", own)
+    port = int((info or {}).get("port") or comp.port)
+    return http_url(comp.host, port) if port else ""
+
+
 def default_probe(comp: Component, s: dict[str, Any]) -> bool | None:
     """True: answers; False: does not; None: nothing to ask (counts as fine)."""
     if comp.role == "gateway":
-        url = (s.get("gateway") or {}).get("url") or http_url(comp.host, comp.port)
-        return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
+        url = gateway_url(comp)
+        return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT) if url else False
     if comp.role == "engine":
         url = comp.meta.get("url", "")
         return supervisor.http_ok(url + "/health", timeout=PROBE_TIMEOUT) if url else None
@@ -61,6 +76,6 @@ def restart_ready(comp: Component, info: dict[str, Any] | None) -> bool:
     if not info or info.get("pid") != comp.pid or not info.get("port"):
         return False
     if comp.role == "gateway":
-        url = http_url(comp.host, int(info["port"]))
-        return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
+        url = gateway_url(comp, info)
+        return bool(url) and gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
     return True

@@ -52,9 +52,11 @@ def comp_state(comp: Component, alive: bool | None = None) -> str:
 
 
 def service_status(state: dict[str, Any], comps: dict[str, Component] | None = None) -> str:
-    """starting | running | degraded (a component not running) | stale (gateway dead) | stopped.
+    """starting | running | degraded (a component not running) | stale (no gateway left) |
+    stopped.
 
-    A gateway the watchdog is restarting makes the service degraded, not stale.
+    A gateway the watchdog is restarting makes the service degraded, not stale; so does one
+    of several gateways dead (the others serve the port).
     """
     if state.get("phase") == "stopped":
         return "stopped"
@@ -63,7 +65,7 @@ def service_status(state: dict[str, Any], comps: dict[str, Component] | None = N
     if state.get("phase") == "starting" and owner_alive(state):
         return "starting"
     gw = [n for n, c in comps.items() if c.role == "gateway"]
-    if not gw or not all(states[n] in ("running", "restarting") for n in gw):
+    if not any(states[n] in ("running", "restarting") for n in gw):
         return "stale"
     return "running" if all(v == "running" for v in states.values()) else "degraded"
 

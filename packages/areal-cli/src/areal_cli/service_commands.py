@@ -32,6 +32,13 @@ Force = Annotated[
         "--force", help="Stop whatever the existing state of this service records, then start."
     ),
 ]
+Gateways = Annotated[
+    int | None,
+    typer.Option(
+        help="Gateway processes sharing the port (SO_REUSEPORT), each supervised; any serves "
+        "any request [default: 1].",
+    ),
+]
 LogLevel = Annotated[str | None, typer.Option(help="debug, info, warning, error [default: info].")]
 Supervise = Annotated[
     bool | None,

@@ -25,7 +25,8 @@ and working directory, **on its recorded port** (`--port 0` becomes the port
 it had), so router registrations, the gateway's router address, a proxy's
 worker address and client URLs stay valid. If that port is taken, a data
 proxy gets a new one and is re-registered through the gateway admin API;
-other roles retry later. Restarts back off exponentially (`backoff_initial`
+other roles retry later (gateways sharing the service's port skip the check: the others
+hold it). Restarts back off exponentially (`backoff_initial`
 doubling to `backoff_max`); more than `max_restarts` restarts within
 `window` seconds mark the component `failed` (its group is killed, the rest
 of the service stays up).
@@ -274,7 +275,10 @@ class Watchdog:
             _kill_group(cur)
             argv = list(cur.argv)
             port_changed = False
-            if cur.port:
+            if cur.port and cur.meta.get("shared"):
+                # Gateways sharing the service's port: the others hold it, and that is fine.
+                argv = with_port(argv, cur.port)
+            elif cur.port:
                 host = cur.host or "127.0.0.1"
                 if supervisor.port_in_use(host, cur.port) and not _wait_port(host, cur.port, 3.0):
                     if cur.role == "proxy":

@@ -59,6 +59,7 @@ def run(
     port: Annotated[
         int | None, typer.Option(help="Gateway port [default: 0 = the OS picks; see status].")
     ] = None,
+    gateways: sc.Gateways = None,
     routing_strategy: Annotated[
         str | None,
         typer.Option(
@@ -119,6 +120,7 @@ def run(
         log_level=log_level,
         host=host,
         port=port,
+        gateways=gateways,
         routing_strategy=routing_strategy,
         inf_service=inf_service,
         inf_gateway_url=inf_gateway_url,

@@ -38,6 +38,7 @@ from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message, gateway_healthy
 from areal_cli.launcher import (
     Launcher,
+    check_gateways,
     check_log_level,
     progress,
     resolve_binary,
@@ -87,6 +88,7 @@ class RunOptions:
     log_level: str | None = None
     host: str | None = None
     port: int | None = None
+    gateways: int | None = None
     routing_strategy: str | None = None
     inf_service: str | None = None
     inf_gateway_url: str | None = None
@@ -126,6 +128,7 @@ class Plan:
     port: int
     routing_strategy: str
     inf: InfLink | None
+    gateways: int = 1
     supervision: dict[str, Any] | None = None
     scheduler: str = "local"
     ray_address: str | None = None  # the flag; with ray, run() resolves it into `ray`
@@ -180,6 +183,7 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
     port = int(cfg.pick(o.port, "run", "gateway_port", DEFAULT_PORT))
     if not 0 <= port <= 65535:
         raise CLIError(f"--port {port} is out of range", code=2)
+    gateways = check_gateways(int(cfg.pick(o.gateways, "run", "gateways", 1)))
     strategy = cfg.pick(o.routing_strategy, "run", "routing_strategy", DEFAULT_ROUTING)
     if strategy not in ROUTING_STRATEGIES:
         raise CLIError(
@@ -215,6 +219,7 @@ def resolve(cfg: Config, o: RunOptions) -> Plan:
         port=port,
         routing_strategy=strategy,
         inf=resolve_inf_link(cfg, o),
+        gateways=gateways,
         supervision=policy_from_config(cfg, o.supervise).to_dict(),
         scheduler=scheduler,
         ray_address=o.ray_address,
@@ -317,6 +322,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             common_args=_common_args(plan),
             gateway_args=["--mode", "agent"],
             timeout=lambda: _left(deadline),
+            gateways=plan.gateways,
         )
         if plan.ray is not None:
             from areal_cli.agent.ray_units import start_pairs_ray
@@ -367,6 +373,7 @@ def _initial_state(plan: Plan) -> dict[str, Any]:
         "num_pairs": plan.num_pairs,
         "cwd": os.getcwd(),
         "routing_strategy": plan.routing_strategy,
+        "gateways": plan.gateways,
         "log_level": plan.log_level,
         "setup_timeout": plan.setup_timeout,
         "health_poll_interval": plan.health_poll_interval,

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from areal_cli import service_commands as sc
-from areal_cli.service_commands import AdminApiKey, Force, Host, Json, LogLevel, Supervise
+from areal_cli.service_commands import (
+    AdminApiKey,
+    Force,
+    Gateways,
+    Host,
+    Json,
+    LogLevel,
+    Supervise,
+)
 
 GROUP = "inf"
 SERVICE_HELP = "Service name [default: [default] service or 'default']."
@@ -49,6 +57,7 @@ def run(
     service: Service = None,
     host: Host = None,
     port: Annotated[int | None, typer.Option(help="Gateway port [default: 8080].")] = None,
+    gateways: Gateways = None,
     admin_api_key: AdminApiKey = None,
     scheduler: Annotated[
         str | None,
@@ -103,6 +112,7 @@ def run(
         service=service,
         host=host,
         port=port,
+        gateways=gateways,
         admin_api_key=admin_api_key,
         scheduler=scheduler,
         ray_address=ray_address,

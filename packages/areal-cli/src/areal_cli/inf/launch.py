@@ -27,6 +27,7 @@ from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
 from areal_cli.launcher import (
     Launcher,
+    check_gateways,
     check_log_level,
     fail_launch,
     progress,
@@ -335,6 +336,7 @@ class RunOptions:
     model: ModelOptions
     supervise: bool | None = None
     ray_address: str | None = None
+    gateways: int | None = None
 
 
 def run(cfg: Config, o: RunOptions) -> int:
@@ -365,6 +367,7 @@ def run(cfg: Config, o: RunOptions) -> int:
     port = int(cfg.pick(o.port, "launch", "gateway_port", DEFAULT_PORT))
     if not 0 <= port <= 65535:
         raise CLIError(f"--port {port} is out of range", code=2)
+    gateways = check_gateways(int(cfg.pick(o.gateways, "launch", "gateways", 1)))
     strategy = cfg.pick(o.routing_strategy, "launch", "routing_strategy", "round_robin")
     if strategy not in ROUTING_STRATEGIES:
         raise CLIError(
@@ -413,6 +416,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             "supervision": policy.to_dict(),
             "admin_key_source": key_source,
             "gateway": {"host": host, "port": port, "url": ""},
+            "gateways": gateways,
             "router": {"address": ""},
             "components": {},
             "models": {},
@@ -437,6 +441,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             # With Ray the data proxies on other nodes reach the router (migration): it
             # listens on this node's address, over the service's mutual TLS.
             router_host=ray_settings["driver_node"] if scheduler == "ray" else "127.0.0.1",
+            gateways=gateways,
         )
         if spec is not None:
             record = start_model(launcher, spec, proxy_bin, opts)
