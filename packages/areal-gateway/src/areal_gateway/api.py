@@ -164,10 +164,3 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(
         orjson.dumps(data), status_code=status, media_type="application/json", headers=headers
     )
-
-
-async def openapi_document(request: Request) -> Response:
-    """`GET /openapi.json` (admin key): the document of the routes above, built once."""
-    gw: Gateway = request.app.state.gateway
-    require_admin(gw.auth.principal(request))
-    return json_response(request.app.openapi())

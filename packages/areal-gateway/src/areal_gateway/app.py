@@ -1,9 +1,10 @@
 """`create_app(settings)`: the gateway's ASGI app.
 
-The JSON APIs (admin, RL, control; in agent mode sessions and pairs) are FastAPI routes with
-pydantic models (`schemas.py`), described by `GET /openapi.json` (admin key). Health, metrics,
-the model list and the generation paths are plain routes, outside the document: the OpenAI API
-is OpenAI's, and its hot path is served by `fastpath.py` in front of this app.
+The JSON APIs (admin, RL, control, stored responses; in agent mode sessions and pairs) are
+FastAPI routes with pydantic models (`schemas.py`). Health, metrics, the model list and the
+generation paths are plain routes or, for the OpenAI and Anthropic hot path, served by
+`fastpath.py` in front of this app; `apidoc.py` describes them all in `GET /openapi.json`
+and `GET /docs` (no key needed: the document holds no secret).
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from areal_gateway import admin, control, rl
-from areal_gateway.api import openapi_document
+from areal_gateway import admin, apidoc, control, rl
 from areal_gateway.metrics import MetricsMiddleware
 from areal_gateway.openai import models
 from areal_gateway.openai.errors import install_error_handlers
+from areal_gateway.openai.responses import routes as stored_responses
 from areal_gateway.runtime import Gateway
 from areal_gateway.settings import Settings
 
@@ -58,7 +60,7 @@ async def metrics(request: Request) -> Response:
 def api_routers(mode: str) -> list[APIRouter]:
     """The typed JSON APIs a gateway in `mode` serves (and documents)."""
     if mode == "inference":
-        return [admin.router, rl.router, control.router]
+        return [admin.router, rl.router, control.router, stored_responses.router]
     from areal_gateway import agent
 
     return list(agent.routers)
@@ -80,24 +82,26 @@ def create_app(settings: Settings) -> FastAPI:
         # FastAPI's native OpenTelemetry looks up the global providers (environment reads) on
         # every request; the gateway reports through its own Prometheus metrics instead.
         extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
-    app = FastAPI(
+    summary = f"The {settings.mode} gateway's HTTP API (docs/services.md)."
+    # FastAPI with Swagger UI served from the package (apidoc.py), at /docs and /docs/static.
+    app = FastAPIOffline(
         title="areal-gateway",
-        summary=f"The {settings.mode} gateway's admin and session APIs (docs/services.md).",
+        summary=summary,
         version=gateway.version,
-        docs_url=None,
+        docs_url="/docs",
         redoc_url=None,
-        # FastAPI's own /openapi.json would be open to anyone; ours needs the admin key.
-        openapi_url=None,
+        static_url="/docs/static",
+        openapi_url="/openapi.json",
         lifespan=lifespan,
         **extra,
     )
+    apidoc.install(app, settings.mode, summary)
     app.state.gateway = gateway
     install_error_handlers(app)
     # Plain Starlette routes (endpoints take the Request and read the body themselves).
     routes = app.router.routes
     routes.append(Route("/health", health, methods=["GET"]))
     routes.append(Route("/metrics", metrics, methods=["GET"]))
-    routes.append(Route("/openapi.json", openapi_document, methods=["GET"]))
     if settings.mode == "inference":
         # POST /v1/chat/completions and /v1/completions have no route here: the fast path in
         # front of this app (fastpath.py, installed by server.make_server) serves them.

@@ -38,7 +38,6 @@ from areal_gateway.openai.forward import (
     receive_body,
 )
 from areal_gateway.openai.responses import endpoint as responses
-from areal_gateway.openai.responses.store import ResponseStore
 from areal_gateway.runtime import Gateway
 from areal_runtime.errors import (
     InternalError,
@@ -86,8 +85,6 @@ class GenerationFastPath:
         self.enabled = gw is not None and gw.settings.mode == "inference"
         self._children: dict[str, tuple[Any, Any]] = {}
         self._status: dict[tuple[str, int], Any] = {}
-        # What `previous_response_id` continues, in this process (responses/store.py).
-        self.responses = ResponseStore()
         # The size of the last body each session had answered (least recently used dropped):
         # a session's next body, grown by less than the screen's threshold, is its previous
         # conversation plus a turn, and is parsed here like a small one. A long agent session
@@ -240,7 +237,7 @@ class GenerationFastPath:
                 )
         doc = parse_object(body)
         if endpoint is responses.RESPONSES:
-            return responses.prepare(gw, self.responses, principal, choose_request_id(rid), doc)
+            return await responses.prepare(gw, gw.responses, principal, choose_request_id(rid), doc)
         if endpoint is messages.MESSAGES:
             return messages.prepare(gw, principal, choose_request_id(rid), doc)
         model, stream = parse_model_and_stream(doc)

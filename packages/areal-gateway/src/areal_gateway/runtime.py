@@ -20,6 +20,7 @@ from areal_gateway.clients import AgentProxyPool, ProxyPool, RouterClient
 from areal_gateway.external import ExternalForwarder
 from areal_gateway.health import ServiceHealth
 from areal_gateway.metrics import Metrics
+from areal_gateway.openai.responses.store import ResponseStore, open_store
 from areal_gateway.routing import RouteTable
 from areal_gateway.settings import SESSION_KEY_SECRET_ENV, Settings
 from areal_runtime.errors import InternalAuthFailed, ServiceError
@@ -52,6 +53,9 @@ class Gateway:
         # Huge generation bodies are parsed in a child process (openai/screen.py), started
         # when the first one arrives.
         self.screen = Offload("areal_gateway.openai.screen:make", {}, name="body screen")
+        # Stored responses (openai/responses/store.py): this process's own, or the file every
+        # gateway of the service shares (--response-store).
+        self.responses: ResponseStore = open_store(settings.response_store)
         self._router: RouterClient | None = None
         self._proxies: ProxyPool | None = None
         self._catalog: ModelCatalog | None = None
@@ -128,6 +132,7 @@ class Gateway:
 
     async def aclose(self, grace: float | None = None) -> None:
         await self.screen.close()
+        await self.responses.aclose()
         if self._closed or self._router is None:
             self._closed = True
             return

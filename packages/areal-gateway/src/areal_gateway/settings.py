@@ -88,6 +88,15 @@ class Settings:
             "stream; --no-proxy-streams: one gRPC call per request"
         },
     )
+    response_store: str = field(
+        default="",
+        metadata={
+            "help": "keep stored Responses (previous_response_id, GET/DELETE "
+            "/v1/responses/{id}) in this SQLite file, shared by every gateway of the service "
+            "and kept across restarts (created 0600; its folder must exist); empty = in this "
+            "process's memory"
+        },
+    )
     # Secrets: environment only (see load_settings).
     admin_api_key: str = field(default="", repr=False, metadata={"secret": True})
     internal_token: str = field(default="", repr=False, metadata={"secret": True})
@@ -135,6 +144,30 @@ def validate(settings: Settings) -> None:
         raise SettingsError("--own-port must be -1 (none), 0 (any free port) or a port")
     if settings.max_idle_connections_per_client < 1:
         raise SettingsError("--max-idle-connections-per-client must be at least 1")
+    if settings.response_store:
+        check_response_store(settings.response_store)
+
+
+def check_response_store(path: str) -> None:
+    """A --response-store the gateway can open (it creates the file, never its folder)."""
+    import sqlite3
+
+    from areal_gateway.openai.responses.sqlite_store import open_file
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SettingsError(
+            f"--response-store {path}: the folder {folder} does not exist; create it first"
+        )
+    if os.path.isdir(path):
+        raise SettingsError(f"--response-store {path} is a folder; give a file path in it")
+    try:
+        open_file(path).close()
+    except (OSError, sqlite3.Error) as exc:
+        raise SettingsError(
+            f"--response-store {path}: cannot use it as a SQLite response store ({exc}); "
+            "give a writable path to a new file or to a store an areal gateway made"
+        ) from None
 
 
 def load_settings(argv: Sequence[str] | None = None) -> Settings:

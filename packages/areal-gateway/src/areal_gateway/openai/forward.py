@@ -257,6 +257,11 @@ class GenerationResponse(Response):
         """The last bytes of a stream that failed after its headers went out."""
         return error_frame(err) + DONE
 
+    async def _finishing(self) -> None:
+        """Runs once the answer is complete and before its last bytes are sent (the
+        Responses endpoint stores the response there, so a client that has its answer can
+        continue it at once, through any gateway)."""
+
     async def _send_whole(self, send: Send, status: int, body: bytes) -> None:
         self._headers_sent = True
         self._span.set(status=status)
@@ -384,8 +389,9 @@ class GenerationResponse(Response):
         if self.stream:
             await self._stream_from(send, self.endpoint.stream(client, request, self.remaining()))
         else:
-            body = await self.endpoint.unary(client, request, self.remaining())
-            await self._send_whole(send, 200, self._result(body))
+            body = self._result(await self.endpoint.unary(client, request, self.remaining()))
+            await self._finishing()
+            await self._send_whole(send, 200, body)
 
     async def _stream_from(self, send: Send, batches: AsyncIterator[list[bytes]]) -> None:
         metrics = self.gw.metrics
@@ -395,7 +401,9 @@ class GenerationResponse(Response):
                 first = await batches.__anext__()
             except StopAsyncIteration:
                 await self._start_stream(send)
-                await send({"type": "http.response.body", "body": self._stream_done()})
+                done = self._stream_done()
+                await self._finishing()
+                await send({"type": "http.response.body", "body": done})
                 return
             # Errors before this point are plain HTTP errors with their status.
             metrics.first_chunk.labels(self.endpoint.label).observe(time.monotonic() - self.start)
@@ -423,7 +431,9 @@ class GenerationResponse(Response):
                 log.warning("request %s: stream failed: %s", self.request_id, err.message)
                 await self._send_error(send, err)
                 return
-            await send({"type": "http.response.body", "body": self._stream_done()})
+            done = self._stream_done()
+            await self._finishing()
+            await send({"type": "http.response.body", "body": done})
         finally:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
@@ -456,7 +466,9 @@ class GenerationResponse(Response):
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
             await resp.aclose()
-        await send({"type": "http.response.body", "body": self._external_done()})
+        done = self._external_done()
+        await self._finishing()
+        await send({"type": "http.response.body", "body": done})
 
     def _external_bytes(self, chunk: bytes) -> bytes:
         """What the client gets for bytes of an external model's event stream: the same."""
@@ -469,6 +481,7 @@ class GenerationResponse(Response):
         if status < 400 or _is_openai_error(body):
             if status < 300:
                 body = self._result(body)
+                await self._finishing()
             self._headers_sent = True
             await send(
                 {

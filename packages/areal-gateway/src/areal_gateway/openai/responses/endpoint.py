@@ -8,11 +8,14 @@
 errors before the first chunk are the same HTTP errors, a client that goes away cancels the
 generation the same way, and with a session key the proxy records the interaction on the
 session exactly as a chat. A completed (or incomplete) response with `store` not false is
-kept for `previous_response_id` (store.py).
+stored (store.py) before its last bytes leave, for `previous_response_id` and `GET
+/v1/responses/{id}`; a store that fails then is logged, and the answer still goes out.
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from typing import Any
 
 import orjson
@@ -22,10 +25,18 @@ from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.forward import Endpoint, GenerationResponse, parse_model_and_stream
 from areal_gateway.openai.responses import chat
 from areal_gateway.openai.responses.events import ResponseBuilder, new_id
-from areal_gateway.openai.responses.request import Translated, output_to_items, translate
-from areal_gateway.openai.responses.store import ResponseStore
+from areal_gateway.openai.responses.request import (
+    Translated,
+    output_to_items,
+    previous_id,
+    refuse_unhonoured,
+    translate,
+)
+from areal_gateway.openai.responses.store import Entry, ResponseStore, entry_size
 from areal_gateway.runtime import Gateway
-from areal_runtime.errors import NotFound, ServiceError, UpstreamError
+from areal_runtime.errors import InternalError, NotFound, ServiceError, UpstreamError
+
+log = logging.getLogger(__name__)
 
 RESPONSES = Endpoint(
     label="responses",
@@ -69,14 +80,26 @@ class ResponsesGeneration(GenerationResponse):
         self.translator = chat.StreamTranslator(self.builder)
         self._sse = b""  # an external model's event stream, not yet a whole event
 
-    def _keep(self) -> None:
+    async def _finishing(self) -> None:
         b = self.builder
-        if self.t.store and b.status in ("completed", "incomplete"):
-            output = output_to_items(b.items)
-            conversation = [*self.t.history, *output]
-            # The request's chat body bounds the history's size; the output is counted anew.
-            size = self._request_bytes + len(orjson.dumps(output))
-            self.store.put(b.id, owner_of(self.principal), conversation, size)
+        if not self.t.store or b.status not in ("completed", "incomplete"):
+            return
+        outputs = output_to_items(b.items)
+        response = orjson.dumps(b.response())
+        size = entry_size(orjson.dumps(self.t.inputs), orjson.dumps(outputs), response)
+        entry = Entry(
+            b.id,
+            owner_of(self.principal),
+            self.t.previous_response_id,
+            self.t.inputs,
+            outputs,
+            response,
+            size,
+        )
+        try:
+            await self.store.put(entry)
+        except (sqlite3.Error, OSError) as exc:
+            log.error("request %s: response %s not stored: %s", self.request_id, b.id, exc)
 
     # -- the translated output --
     def _result(self, body: bytes) -> bytes:
@@ -84,16 +107,13 @@ class ResponsesGeneration(GenerationResponse):
             out = chat.whole(body, self.builder)
         except (orjson.JSONDecodeError, AttributeError, TypeError, IndexError) as exc:
             raise UpstreamError(f"The model's answer is not a chat completion ({exc}).") from None
-        self._keep()
         return out
 
     def _stream_frames(self, batch: list[bytes]) -> bytes:
         return self.translator.chunks(batch)
 
     def _stream_done(self) -> bytes:
-        out = self.translator.end()
-        self._keep()
-        return out
+        return self.translator.end()
 
     def _stream_failed(self, err: ServiceError) -> bytes:
         out = b""
@@ -117,7 +137,7 @@ class ResponsesGeneration(GenerationResponse):
         return self._stream_done()
 
 
-def prepare(
+async def prepare(
     gw: Gateway,
     store: ResponseStore,
     principal: Principal,
@@ -125,18 +145,28 @@ def prepare(
     doc: dict[str, Any],
 ) -> ResponsesGeneration:
     model, stream = parse_model_and_stream(doc)
-    owner = owner_of(principal)
-
-    def lookup(previous: str) -> list[dict[str, Any]]:
-        history = store.get(previous, owner)
+    refuse_unhonoured(doc)  # a 400 for what areal does not honour comes before a lookup's 404
+    previous = previous_id(doc)
+    history: list[dict[str, Any]] | None = None
+    if previous is not None:
+        try:
+            history = await store.conversation(previous, owner_of(principal))
+        except (sqlite3.Error, OSError) as exc:
+            log.error("request %s: the response store failed: %s", request_id, exc)
+            raise InternalError("The gateway's response store failed; try again.") from None
         if history is None:
             raise NotFound(
-                f"Previous response with id {previous!r} not found (unknown, expired, made "
-                "with 'store': false, or by another key).",
+                f"Previous response with id {previous!r} not found (unknown, expired, deleted, "
+                "made with 'store': false or by another key, or an earlier turn of its chain "
+                "is gone).",
                 code="previous_response_not_found",
                 param="previous_response_id",
             )
-        return history
+    found = history
+
+    def lookup(_: str) -> list[dict[str, Any]]:
+        assert found is not None
+        return found
 
     t = translate(doc, model, stream, lookup)
     return ResponsesGeneration(gw, principal, request_id, model, stream, t, store)

@@ -84,6 +84,8 @@ class Translated:
     # The conversation this request adds to a chain (without `instructions`): the previous
     # response's conversation and output, then this request's input items.
     history: list[dict[str, Any]]
+    # This request's own input items (what a stored response keeps besides its output).
+    inputs: list[dict[str, Any]]
     echo: dict[str, Any]
     metadata: dict[str, Any]
     previous_response_id: str | None
@@ -404,7 +406,7 @@ def _number(doc: dict[str, Any], key: str, lo: float, hi: float) -> float | None
     return v
 
 
-def _refuse_unhonoured(doc: dict[str, Any]) -> None:
+def refuse_unhonoured(doc: dict[str, Any]) -> None:
     for key, value in doc.items():
         # null is "not given" in the OpenAI API: nothing asked, so nothing ignored.
         if key not in _KNOWN and value is not None:
@@ -447,7 +449,7 @@ def translate(
 ) -> Translated:
     """Check and translate a Responses body; `lookup` gives the stored conversation of a
     `previous_response_id` (or raises)."""
-    _refuse_unhonoured(doc)
+    refuse_unhonoured(doc)
     previous = previous_id(doc)
     history: list[dict[str, Any]] | None = None
     if previous is not None:
@@ -554,6 +556,7 @@ def translate(
     return Translated(
         chat=chat,
         history=conversation,
+        inputs=items,
         echo=echo,
         metadata=metadata,
         previous_response_id=previous,
