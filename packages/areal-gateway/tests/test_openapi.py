@@ -19,12 +19,30 @@ from pydantic import BaseModel
 from starlette.routing import Route
 from test_errors import assert_error
 
+from areal_gateway.apidoc import described_routes
 from areal_gateway.app import api_routers
 from areal_runtime.session_keys import mint_key
 
-# What each mode's document must list: the admin, RL and control APIs (inference), the
-# session and pair APIs (agent). Nothing of the OpenAI API, health or metrics.
-INFERENCE_OPERATIONS = {
+# What each mode's document must list: the admin, RL and control APIs and the OpenAI and
+# Anthropic API (inference), the session and pair APIs and the turns (agent). Not health or
+# metrics.
+OPENAI_OPERATIONS = {
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/messages"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{name}"),
+}
+AGENT_TURNS = {
+    ("POST", "/v1/responses"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{name}"),
+}
+INFERENCE_OPERATIONS = OPENAI_OPERATIONS | {
     ("GET", "/admin/models"),
     ("POST", "/admin/models"),
     ("DELETE", "/admin/models/{name}"),
@@ -54,7 +72,7 @@ AGENT_OPERATIONS = {
     ("GET", "/admin/pairs"),
     ("DELETE", "/admin/pairs/{proxy_id}"),
     ("GET", "/admin/workers"),
-}
+} | AGENT_TURNS
 # Of those, the ones whose body is optional (no body: every proxy / the defaults).
 OPTIONAL_BODIES = {
     "/admin/pause",
@@ -70,10 +88,13 @@ OPTIONAL_BODIES = {
 
 
 def _app_routes(gw: RunningGateway) -> list[APIRoute]:
-    """The typed routes the app was built with."""
-    routes = [r for router in api_routers(gw.gateway.settings.mode) for r in router.routes]
+    """The typed routes the app was built with, and those that describe what is served
+    outside FastAPI's routing (the fast path, plain routes)."""
+    mode = gw.gateway.settings.mode
+    routes = [r for router in api_routers(mode) for r in router.routes]
+    routes += described_routes(mode)
     assert all(isinstance(r, APIRoute) for r in routes)
-    return routes  # type: ignore[return-value]
+    return [r for r in routes if r.include_in_schema]
 
 
 def _plain_routes(gw: RunningGateway) -> list[Route]:
@@ -86,7 +107,7 @@ def _operations(doc: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def _fetch(url: str) -> dict[str, Any]:
-    r = httpx.get(url + "/openapi.json", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    r = httpx.get(url + "/openapi.json")  # no key: the document holds no secret
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "application/json"
     doc: dict[str, Any] = r.json()
@@ -102,14 +123,20 @@ def _check_document(doc: dict[str, Any], gw: RunningGateway, expected: set) -> N
     with httpx.Client(base_url=gw.url) as c:
         for method, path in sorted(expected):
             url = path.replace("{name}", "m").replace("{proxy_id}", "p")
+            url = url.replace("{response_id}", "resp_x")
             r = c.request(method, url.replace("{session_id}", "s"), content=b"{")
-            assert_error(r, 401, "missing_api_key")
+            if path == "/v1/messages":  # Anthropic's error shape
+                assert r.status_code == 401 and r.json()["type"] == "error", r.text
+            else:
+                assert_error(r, 401, "missing_api_key")
     # ... and no JSON API hides among the plain (undocumented) routes.
     plain = {r.path for r in _plain_routes(gw)}
     assert plain <= {
         "/health",
         "/metrics",
         "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
         "/v1/models",
         "/models",
         "/v1/models/{name:path}",
@@ -189,12 +216,55 @@ def test_agent_mode_document(stack: Stack) -> None:
     assert_error(r, 403, "forbidden_session")
 
 
-def test_document_needs_the_admin_key(stack: Stack) -> None:
-    assert_error(httpx.get(stack.url + "/openapi.json"), 401, "missing_api_key")
+def test_document_and_docs_page_need_no_key(stack: Stack) -> None:
+    doc = _fetch(stack.url)
+    paths, schemas = doc["paths"], doc["components"]["schemas"]
+    # The request bodies of the endpoints the fast path serves are described.
+    for path, model in (
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/responses", "CreateResponseRequest"),
+        ("/v1/messages", "MessagesRequest"),
+    ):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}, path
+    assert {"model", "messages"} <= set(schemas["ChatCompletionRequest"]["required"])
+    assert schemas["ChatCompletionRequest"]["additionalProperties"] is True
+    assert schemas["CreateResponseRequest"]["additionalProperties"] is False
+    assert "text/event-stream" in paths["/v1/responses"]["post"]["responses"]["200"]["content"]
+    deleted = paths["/v1/responses/{response_id}"]["delete"]["responses"]["200"]
+    assert deleted["content"]["application/json"]["schema"]["$ref"].endswith("DeletedResponse")
+    # A key changes nothing (no secret is held back from anyone).
     session = {"Authorization": f"Bearer {mint_key('sess-openapi')}"}
-    assert_error(httpx.get(stack.url + "/openapi.json", headers=session), 403)
-    for path in ("/docs", "/redoc"):
-        assert_error(httpx.get(stack.url + path), 404)
+    assert httpx.get(stack.url + "/openapi.json", headers=session).json() == doc
+    # Swagger UI, its script and style served here (the page works without network).
+    page = httpx.get(stack.url + "/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/openapi.json" in page.text and "cdn." not in page.text
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert f"/docs/static/{asset}" in page.text
+        r = httpx.get(stack.url + f"/docs/static/{asset}")
+        assert r.status_code == 200 and len(r.content) > 10_000, asset
+    assert_error(httpx.get(stack.url + "/redoc"), 404)
+
+
+def test_described_bodies_are_the_parsers_own_fields() -> None:
+    """The Responses and Messages bodies refuse what they do not list: the document lists
+    exactly what the parsers accept."""
+    from areal_gateway.anthropic import request as anthropic_request
+    from areal_gateway.openai import shapes
+    from areal_gateway.openai.responses import request as responses_request
+
+    assert set(shapes.CreateResponseRequest.model_fields) == responses_request._KNOWN
+    assert set(shapes.MessagesRequest.model_fields) == anthropic_request._KNOWN
+
+
+def test_agent_mode_document_needs_no_key(stack: Stack) -> None:
+    gw = stack.start_gateway(mode="agent")
+    doc = _fetch(gw.url)
+    turn = doc["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]
+    assert turn["schema"]["$ref"].endswith("AgentResponsesTurn")
+    assert httpx.get(gw.url + "/docs").status_code == 200
 
 
 def test_admin_answers_match_their_models(

@@ -10,7 +10,6 @@ deltas, finish chunk, usage chunk), and keeps every chat body it got.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,6 @@ from fakes import PROXY_SERVICES, start_grpc
 
 from areal_gateway.openai.responses.events import ResponseBuilder
 from areal_gateway.openai.responses.request import to_messages, translate
-from areal_gateway.openai.responses.store import ResponseStore
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2
@@ -712,28 +710,84 @@ def test_store_false_and_other_keys_cannot_continue(stack: Stack, scripted: Scri
         b.responses.create(model="resp-text", input="hi", previous_response_id=mine.id)
 
 
-def test_the_store_is_bounded_by_count_and_age() -> None:
-    s = ResponseStore(max_entries=2, ttl_s=60)
-    for i in range(3):
-        s.put(f"r{i}", "o", [{"i": i}])
-    assert len(s) == 2 and s.get("r0", "o") is None and s.get("r1", "o") == [{"i": 1}]
-    assert s.get("r1", "other") is None
-    s.put("r3", "o", [])  # r2 is now the least recently used
-    assert s.get("r2", "o") is None and s.get("r1", "o") is not None
-    s.ttl_s = 0.01
-    time.sleep(0.02)
-    assert s.get("r1", "o") is None and len(s) == 0
+def test_get_and_delete_a_stored_response(stack: Stack, scripted: ScriptedProxy) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = httpx.post(
+        stack.url + "/v1/responses", json={"model": "resp-length", "input": "hi"}, headers=admin
+    )
+    posted = r.json()
+    assert posted["status"] == "incomplete"
+    got = httpx.get(stack.url + f"/v1/responses/{posted['id']}", headers=admin)
+    assert got.status_code == 200 and got.content == r.content  # the bytes the POST answered
+    # A streamed one: the last event's response; through the SDK and the alias path.
+    events = _post_stream(stack, {"model": "resp-reason", "input": "2+2?"})
+    final = events[-1]["response"]
+    sdk = _client(stack).responses.retrieve(final["id"])
+    assert sdk.id == final["id"] and sdk.output_text == "Four." and sdk.status == "completed"
+    assert [item.type for item in sdk.output] == ["reasoning", "message"]
+    alias = httpx.get(stack.url + f"/responses/{final['id']}", headers=admin)
+    assert alias.json() == final
+    # Ownership: another key (a session's) gets the same 404 as an unknown id.
+    stack.gw.gateway.auth.add_session_key("sess-key-responses-get", "s-resp-get")
+    session = {"Authorization": "Bearer sess-key-responses-get"}
+    for headers, rid in ((session, final["id"]), (admin, "resp_unknown")):
+        for method in ("GET", "DELETE"):
+            r = httpx.request(method, stack.url + f"/v1/responses/{rid}", headers=headers)
+            assert r.status_code == 404, r.text
+            err = r.json()["error"]
+            assert err["code"] == "response_not_found" and err["param"] == "response_id"
+    assert httpx.get(stack.url + f"/v1/responses/{final['id']}").status_code == 401
+    # The session's own.
+    mine = _client(stack, "sess-key-responses-get").responses.create(model="resp-text", input="x")
+    assert _client(stack, "sess-key-responses-get").responses.retrieve(mine.id).id == mine.id
+    with pytest.raises(openai.NotFoundError):
+        _client(stack).responses.retrieve(mine.id)
+    # DELETE answers OpenAI's shape; then it is gone, for GET and for continuing.
+    d = httpx.delete(stack.url + f"/v1/responses/{final['id']}", headers=admin)
+    assert d.status_code == 200
+    assert d.json() == {"id": final["id"], "object": "response", "deleted": True}
+    assert httpx.get(stack.url + f"/v1/responses/{final['id']}", headers=admin).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        _client(stack).responses.create(
+            model="resp-text", input="more", previous_response_id=final["id"]
+        )
+    assert _client(stack).responses.delete(posted["id"]) is None  # the SDK's delete
+    # Not stored: never readable.
+    unstored = _client(stack).responses.create(model="resp-text", input="hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        _client(stack).responses.retrieve(unstored.id)
 
 
-def test_the_store_is_bounded_by_bytes() -> None:
-    s = ResponseStore(max_entries=100, ttl_s=60, max_bytes=1000)
-    for i in range(5):
-        s.put(f"r{i}", "o", [{"i": i}], size=300)
-    assert len(s) == 3 and s.bytes == 900 and s.get("r1", "o") is None
-    s.put("r4", "o", [{"i": 4}], size=100)  # replaced: charged once
-    assert s.bytes == 700 and s.get("r4", "o") == [{"i": 4}]
-    s.put("huge", "o", [], size=2000)  # bigger than the budget: not kept, nothing evicted
-    assert s.get("huge", "o") is None and len(s) == 3
+def test_gateways_sharing_a_response_store_file(
+    stack: Stack, scripted: ScriptedProxy, tmp_path: Any
+) -> None:
+    """Two gateways of one service on one --response-store: a chain goes on through either,
+    and survives a gateway that is gone."""
+    path = str(tmp_path / "responses.db")
+    a = stack.start_gateway(response_store=path)
+    b = stack.start_gateway(response_store=path)
+    ca = openai.OpenAI(base_url=a.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    cb = openai.OpenAI(base_url=b.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    first = ca.responses.create(model="resp-echo", input="one")
+    second = cb.responses.create(model="resp-echo", input="two", previous_response_id=first.id)
+    assert second.output_text == "3:two"  # user, assistant, user: the chain came from a's turn
+    third = ca.responses.create(model="resp-echo", input="three", previous_response_id=second.id)
+    assert third.output_text == "5:three"
+    assert cb.responses.retrieve(third.id).output_text == "5:three"
+    # b stops (its store closes); a gateway started anew on the file finds the chain.
+    b.server.should_exit = True
+    stack.bg.run(asyncio.wait_for(b.task, 10))
+    c = stack.start_gateway(response_store=path)
+    cc = openai.OpenAI(base_url=c.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    fourth = cc.responses.create(model="resp-echo", input="four", previous_response_id=third.id)
+    assert fourth.output_text == "7:four"
+    cc.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        ca.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as ei:  # its chain lost a turn
+        ca.responses.create(model="resp-echo", input="five", previous_response_id=fourth.id)
+    assert ei.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
+    assert ca.responses.retrieve(fourth.id).output_text == "7:four"
 
 
 # --- failures and disconnects --------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from enum import Enum
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -72,7 +73,7 @@ def _op(
         operation_id=operation_id,
         description=inspect.cleandoc((body or answer).__doc__ or ""),
         responses=responses,
-        tags=tags,
+        tags=list[str | Enum](tags),
     )
 
 

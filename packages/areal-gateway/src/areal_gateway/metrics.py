@@ -46,6 +46,8 @@ PREFIXES = (
     ("/v1/sessions", "agent_sessions"),
     ("/v1/messages/", "messages"),
     ("/v1/responses/", "responses"),
+    ("/responses/", "responses"),
+    ("/docs", "docs"),
     ("/admin/", "admin"),
 )
 
