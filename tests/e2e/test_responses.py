@@ -162,6 +162,16 @@ def test_a_session_key_records_responses_like_chats_and_chains(stack, tok):
         client.responses.create(
             model=MODEL, input="y", previous_response_id=other.id, max_output_tokens=1
         )
+    # Stored: the session reads back what it streamed, the admin does not see it; deleted.
+    again = client.responses.retrieve(second.id)
+    assert again.output_text == second.output_text and again.status == second.status
+    with pytest.raises(openai.NotFoundError):
+        _sdk(stack).responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(other.id)
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
 
 
 def test_unsupported_parameters_are_refused_before_generation(stack):

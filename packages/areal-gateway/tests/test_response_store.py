@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import sqlite3
 import stat
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +228,45 @@ def test_the_flag_refuses_a_store_it_cannot_use(tmp_path: Path) -> None:
     good = tmp_path / "ok.db"
     validate(Settings(**{**base.__dict__, "response_store": str(good)}))
     assert stat.S_IMODE(os.stat(good).st_mode) == 0o600
+
+
+def _endless_writer(path: str) -> None:
+    store = SqliteStore(path)
+    parent = None
+    for i in range(1_000_000):
+        store.put_now(entry(f"k{i}", parent=parent))
+        parent = f"k{i}"
+
+
+def test_a_writer_killed_mid_write_leaves_a_usable_file(tmp_path: Path) -> None:
+    """kill -9 of a gateway while it writes: the next one opens the file, finds it whole and
+    every committed turn's chain readable."""
+    path = str(tmp_path / "killed.db")
+    SqliteStore(path)._close()
+    proc = multiprocessing.get_context("spawn").Process(target=_endless_writer, args=(path,))
+    proc.start()
+    probe = SqliteStore(path)
+    try:
+        deadline = time.monotonic() + 60
+        while probe.totals()[0] < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        assert proc.exitcode == -signal.SIGKILL
+    finally:
+        probe._close()
+    store = SqliteStore(path)
+    try:
+        db = store._db()
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        n, size = store.totals()
+        assert (
+            n >= 50
+            and (n, size) == db.execute("SELECT COUNT(*), SUM(size) FROM responses").fetchone()
+        )
+        assert len(store.conversation_now(f"k{n - 1}", "o") or ()) == 2 * n
+        store.put_now(entry(f"k{n}", parent=f"k{n - 1}"))  # and it goes on
+        assert len(store.conversation_now(f"k{n}", "o") or ()) == 2 * (n + 1)
+    finally:
+        store._close()
