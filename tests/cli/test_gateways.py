@@ -64,6 +64,10 @@ def test_two_gateways_share_one_port_and_a_killed_one_comes_back(areal):
     seen = {health_pid(url) for _ in range(40)}
     assert seen == {g["pid"] for g in gws.values()}, seen
     assert "2 of 2 gateways answering" in areal("inf", "status").out
+    # One store of Responses, shared by both and private to the user.
+    stores = {g["argv"][g["argv"].index("--response-store") + 1] for g in gws.values()}
+    [store] = stores
+    assert os.stat(store).st_mode & 0o777 == 0o600
     logs = areal("inf", "logs", "--component", "gateway-1", "--lines", "50")
     assert logs.code == 0 and "(shared)" in logs.out, logs.err
 

@@ -6,7 +6,9 @@ The service is the user's: `areal inf run --model tiny --model-path tiny-parrot 
 port of its own (`status --json`: `own_url`), which lets the test pick a gateway.
 
 * Crossing: a group started through gateway A; each session's turns alternate A and B, its
-  reward is set through either, the export is taken through B and acknowledged through A.
+  reward is set through either, the export is taken through B and acknowledged through A; a
+  stored Response made through A is continued through B, read back through A, deleted
+  through B.
 * Killed under load: 8 clients run turns of 16 sessions on the shared port (keep-alive
   connections, a retry on a failed request, as an RL rollout client does); gateway A gets
   `kill -9` mid-run. The port keeps serving through B, the watchdog restarts A on it, and
@@ -114,6 +116,29 @@ def test_sessions_rewards_and_exports_cross_gateways(service):
             r = await A.post("/rl/ack_export", json={"export_id": doc["export_id"]}, headers=ADMIN)
             assert r.status_code == 200, r.text
             assert r.json()["removed"], r.json()
+            # A stored response continues, and reads back, through the other gateway.
+            first = await A.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": "one", "max_output_tokens": 4},
+                headers=ADMIN,
+            )
+            assert first.status_code == 200, first.text
+            rid = first.json()["id"]
+            second = await B.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": "two",
+                    "previous_response_id": rid,
+                    "max_output_tokens": 4,
+                },
+                headers=ADMIN,
+            )
+            assert second.status_code == 200, second.text
+            got = await A.get(f"/v1/responses/{second.json()['id']}", headers=ADMIN)
+            assert got.status_code == 200 and got.json()["id"] == second.json()["id"], got.text
+            assert (await B.delete(f"/v1/responses/{rid}", headers=ADMIN)).status_code == 200
+            assert (await A.get(f"/v1/responses/{rid}", headers=ADMIN)).status_code == 404
         rows = doc["rows"]
         assert sorted(r["interaction_id"] for r in rows) == sorted(
             i for ids in made.values() for i in ids

@@ -339,6 +339,17 @@ class RunOptions:
     gateways: int | None = None
 
 
+def response_store(launcher: Launcher) -> Path:
+    """The stored Responses (`previous_response_id`, GET /v1/responses/{id}) in one SQLite
+    file every gateway of the service shares, and a restarted one reads back; a new run
+    starts without the last run's."""
+    path = st.run_dir(launcher.group, launcher.service) / "responses.sqlite"
+    make_dir(path.parent)
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    return path
+
+
 def run(cfg: Config, o: RunOptions) -> int:
     service = st.check_name("service", cfg.pick(o.service, "default", "service", "default"))
     given = o.model.given()
@@ -436,7 +447,7 @@ def run(cfg: Config, o: RunOptions) -> int:
             admin_api_key=key,
             policy=strategy,
             common_args=["--log-level", log_level],
-            gateway_args=[],
+            gateway_args=["--response-store", str(response_store(launcher))],
             timeout=lambda: timeout,
             # With Ray the data proxies on other nodes reach the router (migration): it
             # listens on this node's address, over the service's mutual TLS.
