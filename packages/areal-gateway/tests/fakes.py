@@ -25,9 +25,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from areal_proto.common.v1 import envelope_pb2
-from areal_proto.proxy.v1 import proxy_pb2_grpc
+from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
-from areal_runtime.auth import InternalTokenInterceptor
+from areal_runtime.auth import InternalTokenInterceptor, call_metadata
 from areal_runtime.errors import ServiceError, abort
 
 TOKEN = "test-internal-token-0123456789"
@@ -97,6 +97,25 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
         p.inflight_tokens = 42
         self.proxies[p.proxy_id] = p
         return router_pb2.RegisterProxyResponse()
+
+    async def RegisterProxies(self, request: Any, context: Any) -> Any:
+        """As the real router: each proxy registered, then polled once with the service's
+        token; one that refuses it is named in `refused_token`."""
+        refused = []
+        for info in request.proxies:
+            await self.RegisterProxy(router_pb2.RegisterProxyRequest(proxy=info), context)
+            async with grpc.aio.insecure_channel(info.address) as channel:
+                stub = proxy_pb2_grpc.ProxyStatusServiceStub(channel)
+                try:
+                    await stub.GetStats(
+                        proxy_pb2.GetStatsRequest(), timeout=2, metadata=call_metadata(TOKEN)
+                    )
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        refused.append(info.proxy_id)
+        return router_pb2.RegisterProxiesResponse(
+            proxies=[self.proxies[p.proxy_id] for p in request.proxies], refused_token=refused
+        )
 
     async def DeregisterProxy(self, request: Any, context: Any) -> Any:
         return router_pb2.DeregisterProxyResponse(

@@ -584,3 +584,44 @@ async def test_state_file_restores_registrations_and_pins(tmp_path):
     finally:
         await stop_router(h)
     assert read_state(state)["pins"] == {"s1": bound.proxy_id}
+
+
+async def test_register_proxies_answers_after_every_first_poll_and_names_refused_tokens(
+    monkeypatch,
+):
+    monkeypatch.setenv(TOKEN_ENV, "test-internal-token-0123456789")
+    h = await start_router(FAST)
+    try:
+        good = [await FakeProxy("m").start() for _ in range(3)]
+        h.fakes += good
+
+        class RefusingProxy(FakeProxy):
+            async def GetStats(self, request, context):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad internal token")
+
+        bad = await RefusingProxy("m").start()
+        h.fakes.append(bad)
+        infos = [
+            router_pb2.ProxyInfo(proxy_id=f"m-{i}", address=f.address, model="m")
+            for i, f in enumerate([*good, bad])
+        ]
+        r = await h.stub.RegisterProxies(
+            router_pb2.RegisterProxiesRequest(proxies=infos), metadata=call_metadata()
+        )
+        # In request order, each as its first poll left it: no caller routes into "not polled".
+        assert [p.proxy_id for p in r.proxies] == ["m-0", "m-1", "m-2", "m-3"]
+        healthy = router_pb2.PROXY_HEALTH_HEALTHY
+        assert [p.health == healthy for p in r.proxies] == [True, True, True, False]
+        assert list(r.refused_token) == ["m-3"]
+        assert all(f.polls >= 1 for f in good)
+        assert {await h.route("m") for _ in range(6)} == {"m-0", "m-1", "m-2"}
+        # A bad entry is an error naming its field.
+        err = await rpc_error(
+            h.stub.RegisterProxies(
+                router_pb2.RegisterProxiesRequest(proxies=[router_pb2.ProxyInfo(proxy_id="x")]),
+                metadata=call_metadata(),
+            )
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await stop_router(h)

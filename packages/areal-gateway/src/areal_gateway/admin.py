@@ -12,7 +12,6 @@ returns an external model's key.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -33,7 +32,7 @@ from areal_gateway.schemas import (
     WorkerList,
 )
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import ModelExists, ServiceError, UnknownModel
+from areal_runtime.errors import InternalAuthFailed, ModelExists, ServiceError, UnknownModel
 
 log = logging.getLogger(__name__)
 
@@ -132,25 +131,21 @@ async def list_models(gw: GatewayDep, _: AdminKey) -> Response:
     )
 
 
-# Proxies of one model registered at once: each RegisterProxy answers after the router's
-# commit and its first poll of that proxy, and calls in flight together share the commit
-# (one by one, 1,000 replicas took ~5 s; benchmarks/scale_sim.py).
-REGISTER_CONCURRENCY = 64
-
-
 async def _register_proxies(gw: Gateway, proxies: list[router_pb2.ProxyInfo]) -> None:
-    """Register every proxy (at most REGISTER_CONCURRENCY in flight); once all calls have
-    ended, raise the first error, so a rollback never races a registration still on its way."""
-    slots = asyncio.Semaphore(REGISTER_CONCURRENCY)
-
-    async def one(p: router_pb2.ProxyInfo) -> None:
-        async with slots:
-            await gw.router.register_proxy(p)
-
-    results = await asyncio.gather(*(one(p) for p in proxies), return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
+    """Register every proxy in one router call, which answers once each has been polled.
+    A proxy that refuses the service's internal token would take the registration and then
+    fail every request: refused here, naming it (502 internal_auth_failed)."""
+    # Each first poll is bounded by the router's poll timeout; a few seconds more for the
+    # calls themselves at a thousand proxies.
+    _, refused = await gw.router.register_proxies(proxies, timeout_s=30.0 + len(proxies) / 100)
+    if refused:
+        at = {p.proxy_id: p.address for p in proxies}
+        named = ", ".join(f"{pid} at {at.get(pid, '?')}" for pid in refused[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        raise InternalAuthFailed(
+            f"proxy {named}{more} refused this service's internal token (internal "
+            "authentication failed: AREAL_INTERNAL_TOKEN differs between them)"
+        )
 
 
 @router.post("/admin/models", status_code=201, response_model=RegisteredModel)
@@ -197,9 +192,6 @@ async def register_model(body: RegisterModelRequest, gw: GatewayDep, _: AdminKey
         )
 
     proxies = [_proxy(p, name) for p in body.proxies]
-    # A proxy that refuses our internal token would take the registration and then fail
-    # every request: refuse it now, naming the cause (502 internal_auth_failed).
-    await asyncio.gather(*(gw.proxies.get(p.address).check_token() for p in proxies))
     info = router_pb2.ModelInfo(
         name=name, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=int(time.time())
     )

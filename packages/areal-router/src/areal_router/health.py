@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from areal_router.proxy_client import ProxyClients, PushUnsupported
 from areal_router.registry import HEALTH_NAMES, HEALTHY, Registry
-from areal_runtime.errors import ServiceError
+from areal_runtime.errors import InternalAuthFailed, ServiceError
 
 log = logging.getLogger("areal_router.health")
 
@@ -63,6 +63,8 @@ class _Tracked:
     timer: asyncio.TimerHandle | None = None
     # A poll asked for (loop time) while one was in flight.
     again: float | None = None
+    # The last poll was refused for the internal token (RegisterProxies reports it).
+    refused_token: bool = False
 
 
 class HealthPoller:
@@ -128,6 +130,11 @@ class HealthPoller:
             async with asyncio.timeout(wait_s):
                 for e in events:
                     await e.wait()
+
+    def refused_token(self, proxy_id: str) -> bool:
+        """Its last poll was refused for the router's internal token."""
+        t = self._tracked.get(proxy_id)
+        return t is not None and t.refused_token
 
     @property
     def watched(self) -> set[str]:
@@ -201,6 +208,7 @@ class HealthPoller:
             )
             if t is not None:
                 t.quiet = False
+                t.refused_token = isinstance(exc, InternalAuthFailed)
             self._log_change(proxy_id, change, current.last_error)
             if self._on_poll:
                 self._on_poll(False)
@@ -220,6 +228,7 @@ class HealthPoller:
         )
         if t is not None:
             t.lost = False
+            t.refused_token = False
             after = (current.health, current.reported_requests, current.reported_tokens)
             t.quiet = (
                 routed == 0

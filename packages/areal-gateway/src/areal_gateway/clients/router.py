@@ -87,6 +87,41 @@ class RouterClient:
     async def register_proxy(self, proxy: router_pb2.ProxyInfo) -> None:
         await self._change(self._stub.RegisterProxy, router_pb2.RegisterProxyRequest(proxy=proxy))
 
+    async def register_proxies(
+        self, proxies: list[router_pb2.ProxyInfo], timeout_s: float
+    ) -> tuple[list[router_pb2.ProxyInfo], list[str]]:
+        """Register many proxies in one call: (each as its first poll found it, the ids of
+        those that refused the internal token). A router older than RegisterProxies gets
+        them one by one (64 in flight) and reports no refusal."""
+        request = router_pb2.RegisterProxiesRequest(proxies=proxies)
+        self.epoch += 1
+        try:
+            resp = await self._stub.RegisterProxies(
+                request, timeout=timeout_s, metadata=tracing.metadata(self._md)
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise from_rpc_error(exc, target="router") from None
+            await self._register_one_by_one(proxies)
+            return list(proxies), []
+        finally:
+            self.epoch += 1
+        return list(resp.proxies), list(resp.refused_token)
+
+    async def _register_one_by_one(self, proxies: list[router_pb2.ProxyInfo]) -> None:
+        """Once every call has ended, raise the first error (a rollback must not race a
+        registration still on its way)."""
+        slots = asyncio.Semaphore(64)
+
+        async def one(p: router_pb2.ProxyInfo) -> None:
+            async with slots:
+                await self.register_proxy(p)
+
+        results = await asyncio.gather(*(one(p) for p in proxies), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
     async def deregister_proxy(self, proxy_id: str) -> bool:
         resp = await self._change(
             self._stub.DeregisterProxy, router_pb2.DeregisterProxyRequest(proxy_id=proxy_id)

@@ -187,6 +187,58 @@ class RegisterProxyResponse(_message.Message):
 Global___RegisterProxyResponse: _TypeAlias = RegisterProxyResponse  # noqa: Y015
 
 @_typing.final
+class RegisterProxiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROXIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def proxies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProxyInfo]: ...
+    def __init__(
+        self,
+        *,
+        proxies: _abc.Iterable[Global___ProxyInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["proxies", b"proxies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterProxiesRequest: _TypeAlias = RegisterProxiesRequest  # noqa: Y015
+
+@_typing.final
+class RegisterProxiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROXIES_FIELD_NUMBER: _builtins.int
+    REFUSED_TOKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def proxies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProxyInfo]:
+        """One per proxy of the request, in its order, as its first poll found it (bounded wait):
+        health, and on a failed poll last_error.
+        """
+
+    @_builtins.property
+    def refused_token(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Of those, the ids of the proxies that refused the router's internal token (their
+        AREAL_INTERNAL_TOKEN differs): a misconfigured deployment, which the caller reports.
+        """
+
+    def __init__(
+        self,
+        *,
+        proxies: _abc.Iterable[Global___ProxyInfo] | None = ...,
+        refused_token: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["proxies", b"proxies", "refused_token", b"refused_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterProxiesResponse: _TypeAlias = RegisterProxiesResponse  # noqa: Y015
+
+@_typing.final
 class DeregisterProxyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

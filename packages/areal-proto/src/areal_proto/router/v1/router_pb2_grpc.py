@@ -39,6 +39,11 @@ class RouterServiceStub:
                 request_serializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyRequest.SerializeToString,
                 response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyResponse.FromString,
                 _registered_method=True)
+        self.RegisterProxies = channel.unary_unary(
+                '/areal.router.v1.RouterService/RegisterProxies',
+                request_serializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesRequest.SerializeToString,
+                response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesResponse.FromString,
+                _registered_method=True)
         self.DeregisterProxy = channel.unary_unary(
                 '/areal.router.v1.RouterService/DeregisterProxy',
                 request_serializer=areal_dot_router_dot_v1_dot_router__pb2.DeregisterProxyRequest.SerializeToString,
@@ -86,6 +91,13 @@ class RouterServiceServicer:
 
     def RegisterProxy(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterProxies(self, request, context):
+        """Many proxies in one call (a model's replicas): one commit, first polls in parallel.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,6 +157,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.RegisterProxy,
                     request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyRequest.FromString,
                     response_serializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyResponse.SerializeToString,
+            ),
+            'RegisterProxies': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterProxies,
+                    request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesRequest.FromString,
+                    response_serializer=areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesResponse.SerializeToString,
             ),
             'DeregisterProxy': grpc.unary_unary_rpc_method_handler(
                     servicer.DeregisterProxy,
@@ -214,6 +231,33 @@ class RouterService:
             '/areal.router.v1.RouterService/RegisterProxy',
             areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyRequest.SerializeToString,
             areal_dot_router_dot_v1_dot_router__pb2.RegisterProxyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterProxies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.router.v1.RouterService/RegisterProxies',
+            areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesRequest.SerializeToString,
+            areal_dot_router_dot_v1_dot_router__pb2.RegisterProxiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

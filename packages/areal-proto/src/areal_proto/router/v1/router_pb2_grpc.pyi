@@ -34,6 +34,8 @@ class RouterServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RouterServiceAsyncStub: ...
     RegisterProxy: _grpc.UnaryUnaryMultiCallable[_router_pb2.RegisterProxyRequest, _router_pb2.RegisterProxyResponse]
+    RegisterProxies: _grpc.UnaryUnaryMultiCallable[_router_pb2.RegisterProxiesRequest, _router_pb2.RegisterProxiesResponse]
+    """Many proxies in one call (a model's replicas): one commit, first polls in parallel."""
     DeregisterProxy: _grpc.UnaryUnaryMultiCallable[_router_pb2.DeregisterProxyRequest, _router_pb2.DeregisterProxyResponse]
     RegisterModel: _grpc.UnaryUnaryMultiCallable[_router_pb2.RegisterModelRequest, _router_pb2.RegisterModelResponse]
     DeregisterModel: _grpc.UnaryUnaryMultiCallable[_router_pb2.DeregisterModelRequest, _router_pb2.DeregisterModelResponse]
@@ -47,6 +49,8 @@ class RouterServiceStub:
 class RouterServiceAsyncStub(RouterServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     RegisterProxy: _aio.UnaryUnaryMultiCallable[_router_pb2.RegisterProxyRequest, _router_pb2.RegisterProxyResponse]  # type: ignore[assignment]
+    RegisterProxies: _aio.UnaryUnaryMultiCallable[_router_pb2.RegisterProxiesRequest, _router_pb2.RegisterProxiesResponse]  # type: ignore[assignment]
+    """Many proxies in one call (a model's replicas): one commit, first polls in parallel."""
     DeregisterProxy: _aio.UnaryUnaryMultiCallable[_router_pb2.DeregisterProxyRequest, _router_pb2.DeregisterProxyResponse]  # type: ignore[assignment]
     RegisterModel: _aio.UnaryUnaryMultiCallable[_router_pb2.RegisterModelRequest, _router_pb2.RegisterModelResponse]  # type: ignore[assignment]
     DeregisterModel: _aio.UnaryUnaryMultiCallable[_router_pb2.DeregisterModelRequest, _router_pb2.DeregisterModelResponse]  # type: ignore[assignment]
@@ -63,6 +67,14 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _router_pb2.RegisterProxyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.RegisterProxyResponse, _abc.Awaitable[_router_pb2.RegisterProxyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RegisterProxies(
+        self,
+        request: _router_pb2.RegisterProxiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.RegisterProxiesResponse, _abc.Awaitable[_router_pb2.RegisterProxiesResponse]]:
+        """Many proxies in one call (a model's replicas): one commit, first polls in parallel."""
 
     @_abc_1.abstractmethod
     def DeregisterProxy(
