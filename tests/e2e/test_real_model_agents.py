@@ -149,6 +149,29 @@ def test_tools_reach_the_real_models_prompt(stack):
     assert tooled.usage.prompt_tokens > plain.usage.prompt_tokens + 30
 
 
+def test_required_tool_choice_ends_after_its_calls_on_the_real_model(stack):
+    """Issue 25: allowed parallel calls, SmolLM2 at temperature 0 wrote the same call 3 times
+    under `required`, then hit max_tokens (with `<tool_` left in content). Now at most one call
+    per tool offered: one tool, one call, then the turn ends."""
+    client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, timeout=300)
+    try:
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            max_tokens=96,
+            temperature=0,
+        )
+    finally:
+        client.close()
+    (choice,) = r.choices
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls or []
+    assert [c.function.name for c in calls] == ["get_weather"], choice.message  # type: ignore[union-attr]
+    assert not choice.message.content
+
+
 def test_langchain_bind_tools_calls_a_tool_on_the_real_model(stack):
     from langchain_openai import ChatOpenAI
 

@@ -174,6 +174,19 @@ def test_full_lifecycle_detached(clean):
     assert comps["gateway"]["metrics_url"] == f"http://127.0.0.1:{port}/metrics"
     assert comps["m1-worker-0"]["metrics_url"] is None and "metrics_url" in comps["router"]
     assert len(doc["models"][0]["replicas"]) == 2
+    # Which tool-call / reasoning parser each replica has in force (issue 25), and whether
+    # its proxy writes `tools` into the prompt: from the gateway's /admin/workers.
+    (rep0, _) = doc["models"][0]["replicas"]
+    parsing = {k: rep0[k] for k in ("tool_call_parser", "reasoning_parser", "default_tool_prompt")}
+    assert parsing == {
+        "tool_call_parser": "hermes",
+        "reasoning_parser": "",
+        "default_tool_prompt": True,
+    }
+    out = f.cli("inf", "status", "--service", "default").out
+    table = out.split("TOOL-CALL PARSER  REASONING PARSER  DEFAULT TOOL PROMPT\n", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("m1-data-proxy-0 "))
+    assert row.split() == ["m1-data-proxy-0", "m1", "hermes", "none", "yes"]
     models = json.loads(f.cli("inf", "models", "--service", "default", "--json").out)["models"]
     assert models[0]["name"] == "m1" and models[0]["registered"] and len(models[0]["workers"]) == 2
     assert "m1" in f.cli("inf", "models", "--service", "default").out

@@ -51,6 +51,19 @@ def test_internal_model_round_trip(stack: Stack, http: httpx.Client, admin_heade
     workers = http.get("/admin/workers", headers=admin_headers).json()["workers"]
     mine = [w for w in workers if w["model"] == "m-admin"]
     assert len(mine) == 2 and mine[0]["kind"] == "inference" and mine[0]["health"] == "healthy"
+    # How each replica reads tools, as the router has it from the proxy's GetStats.
+    stored["m-admin-data-proxy-0"].tool_call_parser = "hermes"
+    stored["m-admin-data-proxy-0"].default_tool_prompt = True
+    workers = http.get("/admin/workers", headers=admin_headers).json()["workers"]
+    parsing = {
+        w["proxy_id"]: (w["tool_call_parser"], w["reasoning_parser"], w["default_tool_prompt"])
+        for w in workers
+        if w["model"] == "m-admin"
+    }
+    assert parsing == {
+        "m-admin-data-proxy-0": ("hermes", "", True),
+        "m-admin-data-proxy-1": ("", "", False),
+    }
 
     # usable right away
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY, max_retries=0)

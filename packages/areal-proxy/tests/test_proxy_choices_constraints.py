@@ -17,6 +17,7 @@ from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import JSON_MAX_WHITESPACE, GenerationRequest
 from areal_proxy.engine.sglang import _payload as sglang_payload
 from areal_proxy.engine.vllm import _payload as vllm_payload
+from areal_proxy.forced_tools import forced_constraint
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 52), EOS]
@@ -250,14 +251,24 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
         kind, value = req.constraint
         tag = json.loads(value)
         assert kind == "structural_tag" and tag["type"] == "structural_tag"
-        fmt = tag["format"]
-        assert fmt["type"] == "tags_with_separator" and fmt["at_least_one"] is True
-        assert [t["begin"] for t in fmt["tags"]] == [
+        # A call, then at most one more (two tools offered), "\n" between them.
+        first, more = tag["format"]["elements"]
+        assert more == {
+            "type": "repeat",
+            "min": 0,
+            "max": 1,
+            "content": {
+                "type": "sequence",
+                "elements": [{"type": "const_string", "value": "\n"}, first],
+            },
+        }
+        assert first["type"] == "or"
+        assert [t["begin"] for t in first["elements"]] == [
             '<tool_call>\n{"name": "get_weather", "arguments": ',
             '<tool_call>\n{"name": "get_time", "arguments": ',
         ]
-        assert fmt["tags"][0]["content"]["json_schema"] == SCHEMA
-        assert fmt["tags"][0]["end"] == "}\n</tool_call>"
+        assert first["elements"][0]["content"]["json_schema"] == SCHEMA
+        assert first["elements"][0]["end"] == "}\n</tool_call>"
         # The constrained text is exactly what the parser reads back.
         (call,) = out["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "get_weather"
@@ -279,9 +290,8 @@ async def test_named_tool_choice_allows_only_that_function():
         }
         await h.chat(body)
         fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
-        assert [t["begin"] for t in fmt["tags"]] == ['{"name": "get_time", "parameters": ']
         # One call of the named function, though parallel_tool_calls defaults to true.
-        assert fmt["stop_after_first"] is True
+        assert fmt["type"] == "tag" and fmt["begin"] == '{"name": "get_time", "parameters": '
         await _reject(
             h.stub.ChatCompletion,
             {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -289,6 +299,26 @@ async def test_named_tool_choice_allows_only_that_function():
         )
     finally:
         await h.close()
+
+
+@pytest.mark.parametrize(
+    ("tools", "parallel", "most"),
+    [(TOOLS[:1], True, 1), (TOOLS[:1], False, 1), (TOOLS, False, 1), (TOOLS, True, 2)],
+)
+def test_required_makes_at_most_one_call_per_tool_offered(tools, parallel, most):
+    """Unbounded, SmolLM2-135M at temperature 0 wrote the same call 3 times under `required`,
+    then hit max_tokens: after a call it prefers another to its end of turn. The constraint
+    ends after one call per tool offered (one without parallel calls); after each call the
+    model may end its turn."""
+    con = forced_constraint("hermes", "", tools, "required", parallel)
+    assert con is not None
+    fmt = json.loads(con.value)["format"]
+    calls = [fmt] if most == 1 else fmt["elements"]
+    assert calls[0]["type"] == ("tag" if len(tools) == 1 else "or")
+    if most > 1:  # the rest optional: the model may stop after any call
+        assert calls[1]["type"] == "repeat" and (calls[1]["min"], calls[1]["max"]) == (0, most - 1)
+    # Never the unbounded list of calls that looped.
+    assert "tags_with_separator" not in con.value
 
 
 @pytest.mark.parametrize(

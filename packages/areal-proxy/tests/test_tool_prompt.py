@@ -12,6 +12,7 @@ import grpc
 import pytest
 from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, start
 
+from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy import tool_prompt
 from areal_proxy.chat_template import ChatTemplate, ToolsNotRendered
 from areal_proxy.parsers import OutputParser
@@ -146,5 +147,31 @@ async def test_a_proxy_told_no_parser_refuses_tools_it_cannot_render(smol_like):
         assert "--tool-call-parser" in d.message
         assert h.engine.requests == []
         await h.chat({"messages": MSG})  # without tools it answers as before
+    finally:
+        await h.close()
+
+
+async def test_get_stats_says_which_parsers_are_in_force_and_whether_tools_are_prompted(smol_like):
+    """`areal inf status` shows these per replica (issue 25: say which parser is in force)."""
+    h = await start(FakeEngineClient([]), tokenizer_path=str(smol_like), reasoning_parser="qwen3")
+    try:
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
+        assert (stats.tool_call_parser, stats.reasoning_parser) == ("hermes", "qwen3")
+        assert stats.default_tool_prompt  # SmolLM2's template ignores `tools`
+    finally:
+        await h.close()
+    # A template that renders tools itself, with the parser given on the command line.
+    h = await start(FakeEngineClient([]), tool_call_parser="qwen25")
+    try:
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
+        assert (stats.tool_call_parser, stats.reasoning_parser) == ("qwen25", "")
+        assert not stats.default_tool_prompt
+    finally:
+        await h.close()
+    # Told no parser: tools are refused (a 400 naming them), so no prompt is in force either.
+    h = await start(FakeEngineClient([]), tokenizer_path=str(smol_like), tool_call_parser="none")
+    try:
+        stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())
+        assert stats.tool_call_parser == "" and not stats.default_tool_prompt
     finally:
         await h.close()

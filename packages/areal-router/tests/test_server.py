@@ -196,6 +196,24 @@ async def test_proxy_reporting_another_model_is_not_used(router: Harness):
     assert "other" in router.proxy("m-0").last_error
 
 
+async def test_list_proxies_shows_the_parsers_each_proxy_reports(router: Harness):
+    """What `areal inf status` shows per replica: the tool-call and reasoning parsers in
+    force and whether the proxy writes `tools` into the prompt, as the last poll said."""
+    await router.add_proxy("m-0", "m", tool_call_parser="hermes", default_tool_prompt=True)
+    await router.add_proxy("m-1", "m", tool_call_parser="qwen25", reasoning_parser="qwen3")
+
+    async def listed() -> dict[str, tuple[str, str, bool]]:
+        r = await router.stub.ListProxies(router_pb2.ListProxiesRequest(), metadata=call_metadata())
+        return {
+            p.proxy_id: (p.tool_call_parser, p.reasoning_parser, p.default_tool_prompt)
+            for p in r.proxies
+        }
+
+    await eventually(lambda: router.proxy("m-1").health == router_pb2.PROXY_HEALTH_HEALTHY)
+    await eventually(lambda: router.proxy("m-0").health == router_pb2.PROXY_HEALTH_HEALTHY)
+    assert await listed() == {"m-0": ("hermes", "", True), "m-1": ("qwen25", "qwen3", False)}
+
+
 # -- routing ---------------------------------------------------------------
 
 

@@ -246,16 +246,19 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     router.setdefault("address", (s.get("router") or {}).get("address", ""))
     doc["router"] = router
     if group == "inf":
+        parsing = _parsing(group, service, gw["url"]) if body is not None else {}
         models = []
         for name, m in (s.get("models") or {}).items():
             reps = []
             for r in m.get("replicas", []):
+                proxy = described.get(r.get("data_proxy", ""), {})
                 reps.append(
                     {
                         "rank": r.get("rank"),
                         "gpus": r.get("gpus", []),
                         "worker": described.get(r.get("worker", ""), {}),
-                        "data_proxy": described.get(r.get("data_proxy", ""), {}),
+                        "data_proxy": proxy,
+                        **parsing.get(proxy.get("proxy_id") or proxy.get("name", ""), _UNKNOWN),
                     }
                 )
             models.append(
@@ -288,6 +291,32 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
         }
     doc["components"] = described
     return doc
+
+
+# A replica's parsers when the gateway did not say (not answering, or the proxy unlisted).
+_UNKNOWN: dict[str, Any] = {
+    "tool_call_parser": None,
+    "reasoning_parser": None,
+    "default_tool_prompt": None,
+}
+
+
+def _parsing(group: str, service: str, url: str) -> dict[str, dict[str, Any]]:
+    """Per proxy id, how it reads tool calls and reasoning (the router's last GetStats of it,
+    via the gateway's `GET /admin/workers`): {} when the gateway does not answer."""
+    from areal_cli.http import call
+
+    key = st.load_secrets(group, service).get("admin_api_key", "")
+    try:
+        code, payload = call("GET", url.rstrip("/") + "/admin/workers", key=key, timeout=1.0)
+    except CLIError:
+        return {}
+    workers = payload.get("workers") if code == 200 and isinstance(payload, dict) else None
+    return {
+        str(w.get("proxy_id")): {k: w.get(k) for k in _UNKNOWN}
+        for w in workers or []
+        if isinstance(w, dict)
+    }
 
 
 def _supervision(s: dict[str, Any], described: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -376,6 +405,25 @@ def print_status(doc: dict[str, Any]) -> None:
     headers = ["COMPONENT", "ROLE", "STATE", "RESTARTS", "NODE", "PID", "ADDRESS"]
     headers += ["LAST FAILURE", "LOG"]
     print_table(headers, rows)
+    _print_parsing(doc)
+
+
+def _print_parsing(doc: dict[str, Any]) -> None:
+    """Per replica: the tool-call and reasoning parsers in force, and whether the proxy writes
+    `tools` into the prompt itself (the model's chat template does not)."""
+    rows = []
+    for m in doc.get("models") or []:
+        for r in m.get("replicas") or []:
+            if r.get("tool_call_parser") is None:
+                continue  # the gateway did not say
+            name = (r.get("data_proxy") or {}).get("name", "-")
+            prompt = "yes" if r.get("default_tool_prompt") else "no"
+            parsers = [r["tool_call_parser"] or "none", r.get("reasoning_parser") or "none"]
+            rows.append([name, m["name"], *parsers, prompt])
+    if rows:
+        print()
+        headers = ["REPLICA", "MODEL", "TOOL-CALL PARSER", "REASONING PARSER"]
+        print_table([*headers, "DEFAULT TOOL PROMPT"], rows)
 
 
 def status(group: str, service: str, *, as_json: bool, watch: bool, interval: float) -> int:

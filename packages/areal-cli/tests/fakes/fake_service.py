@@ -72,9 +72,21 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "pid": os.getpid()})
         elif self.path == "/admin/models" and self._admin():
             self._send(200, {"models": list(MODELS.values())})
-        elif self.path in ("/admin/workers", "/admin/pairs") and self._admin():
-            key = "workers" if self.path == "/admin/workers" else "pairs"
-            self._send(200, {key: list(PAIRS.values())})
+        elif self.path == "/admin/pairs" and self._admin():
+            self._send(200, {"pairs": list(PAIRS.values())})
+        elif self.path == "/admin/workers" and self._admin():
+            # Inference replicas say how they read tools, as the router has it from GetStats.
+            parsing = {
+                "tool_call_parser": os.environ.get("FAKE_TOOL_CALL_PARSER", "hermes"),
+                "reasoning_parser": "",
+                "default_tool_prompt": True,
+            }
+            workers = [
+                {**w, "model": m["name"], "kind": "inference", **parsing}
+                for m in MODELS.values()
+                for w in m["workers"]
+            ]
+            self._send(200, {"workers": list(PAIRS.values()) + workers})
         elif self.path not in ("/admin/models", "/admin/workers", "/admin/pairs"):
             self._send(404, {"error": {"message": "not found"}})
 

@@ -67,6 +67,9 @@ def worker_json(p: router_pb2.ProxyInfo) -> dict[str, Any]:
         "last_seen_unix_ms": p.last_seen_unix_ms,
         "last_error": p.last_error,
         "labels": dict(p.labels),
+        "tool_call_parser": p.tool_call_parser,
+        "reasoning_parser": p.reasoning_parser,
+        "default_tool_prompt": p.default_tool_prompt,
     }
 
 

@@ -169,6 +169,11 @@ class Worker(_Response):
     last_seen_unix_ms: int
     last_error: str
     labels: dict[str, str]
+    tool_call_parser: str = Field(description="the tool-call parser in force; '': none")
+    reasoning_parser: str = Field(description="'': none")
+    default_tool_prompt: bool = Field(
+        description="the chat template does not render `tools`: the proxy writes them in"
+    )
 
 
 class WorkerList(_Response):

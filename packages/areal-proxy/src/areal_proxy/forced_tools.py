@@ -8,6 +8,9 @@ arguments to the function's JSON schema. The constraint is an xgrammar structura
     hermes / qwen25:  <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>  (one or more)
     llama3:           {"name": "f", "parameters": {...}}  (several joined by "; ")
 
+`required` makes one call with `parallel_tool_calls: false`, else one to as many calls as
+there are tools (a bound, so that a model that would rather call again than stop still ends).
+
 Parsers whose call syntax is made of special tokens (mistral's [TOOL_CALLS], deepseek's
 markers) and outputs that begin with reasoning cannot be constrained this way: those requests
 get a 400 naming `tool_choice` rather than an unenforced choice.
@@ -86,17 +89,28 @@ def forced_constraint(
     else:
         chosen = list(functions.values())
     # A named function is "call exactly this function" (OpenAI's forced-function semantics),
-    # so it is one call whatever `parallel_tool_calls` says; "required" may make several.
-    single = isinstance(tool_choice, dict) or not parallel
+    # so it is one call whatever `parallel_tool_calls` says; "required" may make several, but
+    # at most one per tool offered. Unbounded, a model that prefers another call to its end of
+    # turn never stops: SmolLM2-135M at temperature 0 wrote the same call 3 times, then hit
+    # max_tokens. After each call the model may end its turn (EOS) or, below the bound, write
+    # another.
+    most = 1 if isinstance(tool_choice, dict) or not parallel else len(chosen)
     tags = [_call_tag(prefix, f["name"], args_key, f.get("parameters") or {}, end) for f in chosen]
-    fmt_tag: dict[str, Any] = {
-        "type": "tags_with_separator",
-        "tags": tags,
-        "separator": sep,
-        "at_least_one": True,
-        "stop_after_first": single,
+    return Constraint(
+        "structural_tag", json.dumps({"type": "structural_tag", "format": _calls(tags, sep, most)})
+    )
+
+
+def _calls(tags: list[dict[str, Any]], sep: str, most: int) -> dict[str, Any]:
+    """One to `most` calls, each any of `tags`, `sep` between two."""
+    call = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+    if most <= 1:
+        return call
+    more = {"type": "sequence", "elements": [{"type": "const_string", "value": sep}, call]}
+    return {
+        "type": "sequence",
+        "elements": [call, {"type": "repeat", "min": 0, "max": most - 1, "content": more}],
     }
-    return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt_tag}))
 
 
 def _show(choice: Any) -> str:

@@ -613,6 +613,9 @@ class ProxyServicer(
             engine_url=st.engine_url,
             detail=detail,
             total_requests=self.controller.total_requests,
+            tool_call_parser=self.handler.config.tool_call_parser,
+            reasoning_parser=self.handler.config.reasoning_parser,
+            default_tool_prompt=self.handler.default_tool_prompt,
         )
 
 

@@ -225,6 +225,7 @@ class HealthPoller:
             sessions=stats.sessions,
             model=stats.model,
             detail=stats.detail,
+            parsing=(stats.tool_call_parser, stats.reasoning_parser, stats.default_tool_prompt),
         )
         if t is not None:
             t.lost = False

@@ -29,6 +29,10 @@ class ProxyStats:
     sessions: int
     model: str
     detail: str
+    # How the proxy reads tool calls and reasoning (shown by ListProxies, `areal inf status`).
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    default_tool_prompt: bool = False
 
 
 class PushUnsupported(Exception):
@@ -88,6 +92,9 @@ class ProxyClient:
             sessions=r.sessions,
             model=r.model,
             detail=r.detail,
+            tool_call_parser=r.tool_call_parser,
+            reasoning_parser=r.reasoning_parser,
+            default_tool_prompt=r.default_tool_prompt,
         )
 
     async def close(self) -> None:

@@ -103,6 +103,9 @@ class ProxyState:
     last_chosen: int = 0
     # Registration order (persisted: a model's proxies come back in the same order).
     seq: int = 0
+    # As the proxy last reported them (not persisted: the next poll says again): its
+    # tool-call parser, reasoning parser, and whether it writes `tools` into the prompt.
+    parsing: tuple[str, str, bool] = ("", "", False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -129,6 +132,9 @@ class ProxyState:
             last_seen_unix_ms=self.last_seen_unix_ms,
             last_error=self.last_error,
             labels=dict(self.labels),
+            tool_call_parser=self.parsing[0],
+            reasoning_parser=self.parsing[1],
+            default_tool_prompt=self.parsing[2],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -359,6 +365,7 @@ class Registry:
         sessions: int,
         model: str = "",
         detail: str = "",
+        parsing: tuple[str, str, bool] = ("", "", False),
         now_ms: int | None = None,
     ) -> tuple[int, int] | None:
         """A successful GetStats. Returns (old, new) health, or None if unknown proxy."""
@@ -372,6 +379,7 @@ class Registry:
         p.reported_tokens = max(0, inflight_tokens)
         p.reported_sessions = max(0, sessions)
         p.routed_since_report = 0
+        p.parsing = parsing
         if model and model != p.model:
             # Never send model B's requests to a proxy that serves model A.
             p.health = UNHEALTHY

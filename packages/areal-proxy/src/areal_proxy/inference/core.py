@@ -33,7 +33,7 @@ from areal_proxy.screen import SCREEN_MIN_BODY
 from areal_proxy.stop_strings import StopChecker, truncate_at_stop
 from areal_proxy.structured_json import check, engine_schema
 from areal_proxy.tokenizer import ModelTokenizer
-from areal_proxy.tool_prompt import default_tool_parser
+from areal_proxy.tool_prompt import can_prompt, default_tool_parser
 from areal_runtime import tracing
 from areal_runtime.errors import InvalidRequest, UpstreamError
 from areal_runtime.offload import Offload, OffloadFailed
@@ -127,14 +127,21 @@ class InferenceCore:
             config = replace(config, tool_call_parser="")
         if prompts is not None:
             prompts.template.tool_parser = config.tool_call_parser
+        self.config = config
+        # The template ignores `tools` and the proxy writes them in (tool_prompt.py); GetStats
+        # says so, and `areal inf status` shows how tools reach this model.
+        self.default_tool_prompt = (
+            prompts is not None
+            and not prompts.template.renders_tools
+            and can_prompt(config.tool_call_parser)
+        )
         log.info(
             "tool-call parser: %s%s",
             config.tool_call_parser or "none",
-            ""
-            if prompts is None or prompts.template.renders_tools
-            else " (the chat template does not render tools: the proxy's default tool prompt)",
+            " (the chat template does not render tools: the proxy's default tool prompt)"
+            if self.default_tool_prompt
+            else "",
         )
-        self.config = config
         self.tok = tok
         self.prompts = prompts
         self.controller = controller

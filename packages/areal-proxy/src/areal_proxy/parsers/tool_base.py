@@ -156,6 +156,13 @@ class ToolParser:
 
     def _step_content(self, final: bool) -> bool:
         buf = self._buf
+        if final and self.markers:
+            # The output ends inside a marker (`max_tokens` cut `<tool_call>` to `<tool_`): a
+            # call cut off before it began, dropped like one cut later. A lone first character
+            # ("<") is too common in text to be taken for one.
+            partial = hold_len(buf, self.markers)
+            if partial > 1:
+                buf = self._buf = buf[:-partial]
         if not buf:
             return False
         found = find_first(buf, self.markers) if self.markers else None

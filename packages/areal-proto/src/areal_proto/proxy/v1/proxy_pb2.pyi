@@ -614,6 +614,9 @@ class ProxyStats(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     TOTAL_REQUESTS_FIELD_NUMBER: _builtins.int
     RETIRED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_PARSER_FIELD_NUMBER: _builtins.int
+    REASONING_PARSER_FIELD_NUMBER: _builtins.int
+    DEFAULT_TOOL_PROMPT_FIELD_NUMBER: _builtins.int
     healthy: _builtins.bool
     draining: _builtins.bool
     paused: _builtins.bool
@@ -628,6 +631,16 @@ class ProxyStats(_message.Message):
     retired: _builtins.bool
     """Retired (Retire): it generates on other replicas' engines and reports `draining`, so
     the router sends it only the turns of sessions pinned to it.
+    """
+    tool_call_parser: _builtins.str
+    """How the proxy reads tool calls and reasoning out of outputs: the tool-call parser in
+    force (--tool-call-parser, else the one the chat template leaves no doubt about; "" =
+    none) and the reasoning parser ("" = none). Agent-mode proxies leave them empty.
+    """
+    reasoning_parser: _builtins.str
+    default_tool_prompt: _builtins.bool
+    """The chat template does not render `tools`: the proxy writes them into the system
+    message with its default tool prompt (in the tool-call parser's format).
     """
     def __init__(
         self,
@@ -644,10 +657,13 @@ class ProxyStats(_message.Message):
         detail: _builtins.str = ...,
         total_requests: _builtins.int = ...,
         retired: _builtins.bool = ...,
+        tool_call_parser: _builtins.str = ...,
+        reasoning_parser: _builtins.str = ...,
+        default_tool_prompt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "draining", b"draining", "engine_url", b"engine_url", "healthy", b"healthy", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "model", b"model", "paused", b"paused", "retired", b"retired", "sessions", b"sessions", "total_requests", b"total_requests", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_tool_prompt", b"default_tool_prompt", "detail", b"detail", "draining", b"draining", "engine_url", b"engine_url", "healthy", b"healthy", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "model", b"model", "paused", b"paused", "reasoning_parser", b"reasoning_parser", "retired", b"retired", "sessions", b"sessions", "tool_call_parser", b"tool_call_parser", "total_requests", b"total_requests", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

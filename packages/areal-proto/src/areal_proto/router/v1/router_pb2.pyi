@@ -113,6 +113,9 @@ class ProxyInfo(_message.Message):
     LAST_SEEN_UNIX_MS_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_PARSER_FIELD_NUMBER: _builtins.int
+    REASONING_PARSER_FIELD_NUMBER: _builtins.int
+    DEFAULT_TOOL_PROMPT_FIELD_NUMBER: _builtins.int
     proxy_id: _builtins.str
     """Stable id chosen by whoever starts the proxy (e.g. "qwen-data-proxy-0")."""
     address: _builtins.str
@@ -126,6 +129,10 @@ class ProxyInfo(_message.Message):
     sessions: _builtins.int
     last_seen_unix_ms: _builtins.int
     last_error: _builtins.str
+    tool_call_parser: _builtins.str
+    """Filled by the router from the proxy's last GetStats (ProxyStats fields of these names)."""
+    reasoning_parser: _builtins.str
+    default_tool_prompt: _builtins.bool
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -142,10 +149,13 @@ class ProxyInfo(_message.Message):
         last_seen_unix_ms: _builtins.int = ...,
         last_error: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        tool_call_parser: _builtins.str = ...,
+        reasoning_parser: _builtins.str = ...,
+        default_tool_prompt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "health", b"health", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "kind", b"kind", "labels", b"labels", "last_error", b"last_error", "last_seen_unix_ms", b"last_seen_unix_ms", "model", b"model", "proxy_id", b"proxy_id", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "default_tool_prompt", b"default_tool_prompt", "health", b"health", "inflight_requests", b"inflight_requests", "inflight_tokens", b"inflight_tokens", "kind", b"kind", "labels", b"labels", "last_error", b"last_error", "last_seen_unix_ms", b"last_seen_unix_ms", "model", b"model", "proxy_id", b"proxy_id", "reasoning_parser", b"reasoning_parser", "sessions", b"sessions", "tool_call_parser", b"tool_call_parser"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
