@@ -84,6 +84,7 @@ def svc(ray_cluster, tmp_path_factory):
         "--ray-address", ray_cluster.address,
         "--host", ray_cluster.ip(1),
         "--port", "18080",
+        "--gateways", "2",
         "--admin-api-key", ADMIN_KEY,
         "--model", MODEL,
         "--backend", "sglang:d2",
@@ -113,6 +114,10 @@ def test_status_names_every_components_node(svc, ray_cluster):
     assert doc["gateway"]["node"] == ray_cluster.ip(1) and doc["router"]["node"] == ray_cluster.ip(
         1
     )
+    # --gateways 2 on a Ray service: both on the CLI's node, on the one port, both answering.
+    gws = [c for c in doc["components"].values() if c["role"] == "gateway"]
+    assert [g["node"] for g in gws] == [ray_cluster.ip(1)] * 2
+    assert doc["gateway"]["gateways"] == doc["gateway"]["gateways_healthy"] == 2, doc["gateway"]
     r = svc("inf", "status", "--service", SERVICE)
     assert r.returncode == 0 and ray_cluster.ip(2) in r.stdout and "NODE" in r.stdout
 
