@@ -193,7 +193,11 @@ def main() -> None:
         p.add_argument("--router-addr", required=True)
         p.add_argument("--mode", default="inference")
         p.add_argument("--drain-timeout")
+        # The real gateway's flags the CLI passes (areal-gateway >= 0.5).
+        p.add_argument("--response-store", default="")
         a = p.parse_args(argv)
+        if a.response_store and not os.path.isdir(os.path.dirname(a.response_store)):
+            sys.exit("gateway: --response-store's folder does not exist")
         if not os.environ.get("AREAL_ADMIN_API_KEY") or not os.environ.get("AREAL_INTERNAL_TOKEN"):
             sys.exit("gateway: secrets missing from the environment")
         serve_http(a.host, a.port, a.ready_file, "gateway")
