@@ -64,6 +64,9 @@ def test_two_gateways_share_one_port_and_a_killed_one_comes_back(areal):
     seen = {health_pid(url) for _ in range(40)}
     assert seen == {g["pid"] for g in gws.values()}, seen
     assert "2 of 2 gateways answering" in areal("inf", "status").out
+    assert f"{url} (2/2 gateways)" in areal("inf", "ps").out
+    [row] = areal("inf", "ps", "--json").json()
+    assert row["gateways"] == {"gateway": "running", "gateway-1": "running"}
     # One store of Responses, shared by both and private to the user.
     stores = {g["argv"][g["argv"].index("--response-store") + 1] for g in gws.values()}
     [store] = stores
@@ -103,6 +106,8 @@ def test_one_of_two_gateways_dead_is_degraded_not_stale(areal):
     os.kill(pid, signal.SIGKILL)
     row = areal.wait_status("degraded")
     assert row["dead"] == ["gateway"]
+    assert row["gateways"] == {"gateway": "dead", "gateway-1": "running"}
+    assert "(1/2 gateways)" in areal("inf", "ps").out
     doc = areal("inf", "status", "--json").json()
     assert doc["gateway"]["healthy"] and doc["gateway"]["gateways_healthy"] == 1
     assert areal("inf", "stop").code == 0

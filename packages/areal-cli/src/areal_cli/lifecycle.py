@@ -145,6 +145,8 @@ def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
             "service": name,
             "status": status,
             "gateway": (s.get("gateway") or {}).get("url", ""),
+            # Every gateway process of the service (several share the port: --gateways N).
+            "gateways": {n: states[n] for n, c in comps.items() if c.role == "gateway"},
             "components": len(comps),
             "dead": dead,
             "restarting": sorted(n for n, v in states.items() if v == "restarting"),
@@ -193,7 +195,11 @@ def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
                 parts.append(f"{', '.join(dead)} dead")
             status += f" ({'; '.join(parts)})"
         extra = ",".join(r["models"]) if group == "inf" else r["agent"]
-        table.append([r["service"], status, r["gateway"] or "-", extra or "-"])
+        gateway = r["gateway"] or "-"
+        if len(r["gateways"]) > 1:
+            up = sum(v == "running" for v in r["gateways"].values())
+            gateway += f" ({up}/{len(r['gateways'])} gateways)"
+        table.append([r["service"], status, gateway, extra or "-"])
     print_table(["SERVICE", "STATUS", "GATEWAY", last], table)
     return 0
 
