@@ -108,6 +108,9 @@ def test_one_of_two_gateways_dead_is_degraded_not_stale(areal):
     assert row["dead"] == ["gateway"]
     assert row["gateways"] == {"gateway": "dead", "gateway-1": "running"}
     assert "(1/2 gateways)" in areal("inf", "ps").out
+    # Commands that call the gateway go on through the live one (before: "not running").
+    r = areal("inf", "models")
+    assert r.code == 0 and "not running" not in r.out + r.err, r.out + r.err
     doc = areal("inf", "status", "--json").json()
     assert doc["gateway"]["healthy"] and doc["gateway"]["gateways_healthy"] == 1
     assert areal("inf", "stop").code == 0

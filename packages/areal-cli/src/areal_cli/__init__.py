@@ -1,3 +1,3 @@
 """areal-cli."""
 
-__version__ = "0.3.2"
+__version__ = "0.3.3"

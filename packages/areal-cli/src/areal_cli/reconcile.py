@@ -70,6 +70,11 @@ def service_status(state: dict[str, Any], comps: dict[str, Component] | None = N
     return "running" if all(v == "running" for v in states.values()) else "degraded"
 
 
+def gateway_alive(state: dict[str, Any]) -> bool:
+    """Any of the service's gateways is alive (several share its port: --gateways N)."""
+    return any(c.role == "gateway" and c.alive() for c in components(state).values())
+
+
 def stop_tiers(comps: list[Component]) -> list[list[Component]]:
     tiers: list[list[Component]] = []
     seen: set[str] = set()

@@ -46,7 +46,7 @@ from areal_cli.launcher import (
     start_router_gateway,
 )
 from areal_cli.policy import policy_from_config
-from areal_cli.reconcile import components
+from areal_cli.reconcile import components, gateway_alive
 from areal_cli.service_run import run_service
 
 GROUP = "agent"
@@ -262,9 +262,8 @@ def _link_inf_service(name: str, model: str) -> InfLink:
         known = st.list_services("inf")
         hint = f" (known: {', '.join(known)})" if known else " (no inf services are recorded)"
         raise CLIError(f"--inf-service: no inf service named '{name}'{hint}")
-    gw = components(s).get("gateway")
     url = (s.get("gateway") or {}).get("url", "")
-    if gw is None or not gw.alive() or not url:
+    if not gateway_alive(s) or not url:
         raise CLIError(
             f"--inf-service: inf service '{name}' is not running (its gateway is dead); "
             f"start it with `areal inf run --service {name} --detach`"

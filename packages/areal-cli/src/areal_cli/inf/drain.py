@@ -16,7 +16,7 @@ from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
-from areal_cli.inf.launch import _running_service, _unlink
+from areal_cli.inf.launch import running_service
 from areal_cli.reconcile import components, terminate_components
 
 GROUP = "inf"
@@ -37,7 +37,7 @@ def deregister_replica(
         raise CLIError(f"--drain-timeout must be 0 or more (got {drain_timeout:g})", code=2)
     t0 = time.monotonic()
     with st.locked(GROUP, service, wait=5):
-        s, url, key = _running_service(service)
+        s, url, key = running_service(service)
         record = (s.get("models") or {}).get(name)
         if record is None:
             raise CLIError(
@@ -87,7 +87,7 @@ def deregister_replica(
                     "run the command again"
                 )
         s["components"].pop(rep["worker"], None)
-        _unlink(st.run_dir(GROUP, service) / f"{rep['worker']}.ready")
+        (st.run_dir(GROUP, service) / f"{rep['worker']}.ready").unlink(missing_ok=True)
         proxy = s["components"].get(rep["data_proxy"])
         if proxy is not None and RETIRED_FLAG not in proxy.get("argv", []):
             proxy["argv"] = [*proxy.get("argv", []), RETIRED_FLAG]

@@ -9,7 +9,6 @@ the environment.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import time
@@ -40,7 +39,7 @@ from areal_cli.lifecycle import print_table, require_state
 from areal_cli.models import resolve_short_name
 from areal_cli.policy import policy_from_config
 from areal_cli.private_files import make_dir
-from areal_cli.reconcile import components, terminate_components
+from areal_cli.reconcile import components, gateway_alive, terminate_components
 from areal_cli.service_run import run_service
 
 GROUP = "inf"
@@ -493,12 +492,11 @@ def _print_summary(service: str, state: dict[str, Any], key_source: str, detache
 # ------------------------------------------------------------------- register
 
 
-def _running_service(service: str) -> tuple[dict[str, Any], str, str]:
-
+def running_service(service: str) -> tuple[dict[str, Any], str, str]:
+    """The service's state, its gateway URL and admin key; CLIError unless a gateway lives."""
     s = require_state(GROUP, service)
-    gw = components(s).get("gateway")
     url = (s.get("gateway") or {}).get("url", "")
-    if gw is None or not gw.alive() or not url:
+    if not gateway_alive(s) or not url:
         raise CLIError(
             f"inf service '{service}' is not running (its gateway is dead); "
             f"start it again with `areal inf run --service {service} --force`"
@@ -522,7 +520,7 @@ def register(cfg: Config, service: str | None, opts: ModelOptions) -> int:
     spec = resolve_model(cfg, opts, "--model-name")
     proxy_bin = resolve_binary(cfg, "proxy")
     with st.locked(GROUP, service):
-        s, url, key = _running_service(service)
+        s, url, key = running_service(service)
         if spec.name in (s.get("models") or {}):
             raise CLIError(f"model '{spec.name}' is already registered on inf service '{service}'")
         token = st.load_secrets(GROUP, service).get("internal_token", "")
@@ -555,7 +553,7 @@ def deregister(cfg: Config, service: str | None, name: str, grace: float = 10.0)
     service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
     st.check_name("model", name)
     with st.locked(GROUP, service, wait=5):
-        s, url, key = _running_service(service)
+        s, url, key = running_service(service)
         record = (s.get("models") or {}).get(name)
         status, payload = call("DELETE", f"{url}/admin/models/{name}", key=key, timeout=30)
         if status == 404 and record is None:
@@ -575,19 +573,12 @@ def deregister(cfg: Config, service: str | None, name: str, grace: float = 10.0)
                 raise CLIError(f"could not stop {', '.join(survivors)}; state kept")
             for n in names:
                 s["components"].pop(n, None)
-                _unlink(st.run_dir(GROUP, service) / f"{n}.ready")
+                (st.run_dir(GROUP, service) / f"{n}.ready").unlink(missing_ok=True)
             s["models"].pop(name, None)
             st.save(GROUP, service, s)
             stopped = len(mine)
     print(f"model '{name}' deregistered from inf service '{service}' ({stopped} processes stopped)")
     return 0
-
-
-def _unlink(p: Path) -> None:
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
 
 
 def models(cfg: Config, service: str | None, as_json: bool) -> int:
@@ -596,11 +587,10 @@ def models(cfg: Config, service: str | None, as_json: bool) -> int:
     service = st.check_name("service", cfg.pick(service, "default", "service", "default"))
     s = require_state(GROUP, service)
     comps = components(s)
-    gw = comps.get("gateway")
     url = (s.get("gateway") or {}).get("url", "")
     live: dict[str, dict[str, Any]] = {}
     gateway_error = ""
-    if gw is not None and gw.alive() and url:
+    if gateway_alive(s) and url:
         try:
             status, payload = call("GET", url + "/admin/models", key=admin_key(service), timeout=5)
             if status == 200 and isinstance(payload, dict):

@@ -80,13 +80,13 @@ def _source(o: TraceOptions, default_service: str) -> Source:
                 code=2,
             )
         return Source(o.gateway_url.rstrip("/"), key, None, {})
-    from areal_cli.lifecycle import components, require_state
+    from areal_cli.lifecycle import require_state
+    from areal_cli.reconcile import gateway_alive
 
     service = st.check_name("service", default_service if o.service is None else o.service)
     s = require_state(GROUP, service)
-    gw = components(s).get("gateway")
     url = (s.get("gateway") or {}).get("url", "")
-    if gw is None or not gw.alive() or not url:
+    if not gateway_alive(s) or not url:
         raise CLIError(
             f"inf service '{service}' is not running (its gateway is dead); "
             f"start it again with `areal inf run --service {service} --force`"
