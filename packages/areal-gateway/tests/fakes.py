@@ -59,6 +59,24 @@ async def start_grpc(servicer: Any, *adds: Any) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
+def serve_models(stack: Any, servicer: Any, models: tuple[str, ...]) -> grpc.aio.Server:
+    """Serve `servicer` as the one healthy inference proxy of each of `models` (registered
+    straight in the stack's fake router); the caller stops the returned server."""
+    server, port = stack.bg.run(start_grpc(servicer, *PROXY_SERVICES))
+    for model in models:
+        stack.router.models[model] = router_pb2.ModelInfo(
+            name=model, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=1700000000
+        )
+        stack.router.proxies[f"{model}-scripted"] = router_pb2.ProxyInfo(
+            proxy_id=f"{model}-scripted",
+            address=f"127.0.0.1:{port}",
+            model=model,
+            kind=router_pb2.PROXY_KIND_INFERENCE,
+            health=router_pb2.PROXY_HEALTH_HEALTHY,
+        )
+    return server
+
+
 # --- FAKE router -------------------------------------------------------------------------------
 
 

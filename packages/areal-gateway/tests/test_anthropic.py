@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 from conftest import ADMIN_KEY, MAX_BODY, Stack
-from fakes import PROXY_SERVICES, start_grpc
+from fakes import serve_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,6 @@ from areal_gateway.anthropic.request import translate
 from areal_gateway.anthropic.response import matched_stop
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import InvalidRequest, NoHealthyReplica, Overloaded, abort
 
 WEATHER = {
@@ -193,18 +192,7 @@ MODELS = ("a-text", "a-reason", "a-length", "a-tool", "a-stop", "a-busy", "a-lim
 @pytest.fixture(scope="module")
 def scripted(stack: Stack) -> Any:
     proxy = ScriptedProxy()
-    server, port = stack.bg.run(start_grpc(proxy, *PROXY_SERVICES))
-    for model in MODELS:
-        stack.router.models[model] = router_pb2.ModelInfo(
-            name=model, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=1700000000
-        )
-        stack.router.proxies[f"{model}-scripted"] = router_pb2.ProxyInfo(
-            proxy_id=f"{model}-scripted",
-            address=f"127.0.0.1:{port}",
-            model=model,
-            kind=router_pb2.PROXY_KIND_INFERENCE,
-            health=router_pb2.PROXY_HEALTH_HEALTHY,
-        )
+    server = serve_models(stack, proxy, MODELS)
     yield proxy
     stack.bg.run(server.stop(None))
 

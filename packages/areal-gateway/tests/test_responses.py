@@ -18,13 +18,12 @@ import openai
 import orjson
 import pytest
 from conftest import ADMIN_KEY, Stack, wait_until
-from fakes import PROXY_SERVICES, start_grpc
+from fakes import serve_models
 
 from areal_gateway.openai.responses.events import ResponseBuilder
 from areal_gateway.openai.responses.request import to_messages, translate
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proto.router.v1 import router_pb2
 
 WEATHER_TOOL = {
     "type": "function",
@@ -179,18 +178,7 @@ MODELS = ("resp-text", "resp-reason", "resp-length", "resp-tool", "resp-two-tool
 @pytest.fixture(scope="module")
 def scripted(stack: Stack) -> ScriptedProxy:
     proxy = ScriptedProxy()
-    server, port = stack.bg.run(start_grpc(proxy, *PROXY_SERVICES))
-    for model in MODELS:
-        stack.router.models[model] = router_pb2.ModelInfo(
-            name=model, kind=router_pb2.MODEL_KIND_INTERNAL, created_unix_s=1700000000
-        )
-        stack.router.proxies[f"{model}-scripted"] = router_pb2.ProxyInfo(
-            proxy_id=f"{model}-scripted",
-            address=f"127.0.0.1:{port}",
-            model=model,
-            kind=router_pb2.PROXY_KIND_INFERENCE,
-            health=router_pb2.PROXY_HEALTH_HEALTHY,
-        )
+    server = serve_models(stack, proxy, MODELS)
     yield proxy
     stack.bg.run(server.stop(None))
 
