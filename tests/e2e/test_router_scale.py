@@ -17,9 +17,9 @@ from testpaths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import scale_sim  # noqa: E402
+import scale_sim
 
-from areal_router.settings import RouterSettings  # noqa: E402
+from areal_router.settings import RouterSettings
 
 N = 64
 
