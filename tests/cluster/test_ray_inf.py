@@ -75,7 +75,10 @@ def svc(ray_cluster, tmp_path_factory):
     # The usual shared file system of a training cluster: recorded data survives node loss.
     shared = tmp_path_factory.mktemp("shared")
     (home / "inf").mkdir(mode=0o700)
-    (home / "inf" / "config.toml").write_text(f'[scheduler]\nshared_dir = "{shared}"\n')
+    # One more gateway on node 2 (docs/cluster.md, "Gateways on other nodes").
+    (home / "inf" / "config.toml").write_text(
+        f'[scheduler]\nshared_dir = "{shared}"\ngateway_nodes = ["{ray_cluster.ip(2)}"]\n'
+    )
     cli = Cli(ray_cluster, home)
     r = cli(
         "inf", "run",
@@ -191,6 +194,40 @@ def test_logs_of_a_remote_component(svc):
     r = svc("inf", "logs", "--service", SERVICE, "--component", f"{MODEL}-data-proxy-1", "-n", "5")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip(), "no log lines came back from node 2"
+
+
+REMOTE_GW = "gateway-remote-0"
+
+
+def test_a_gateway_on_node_2_serves_over_tls_and_shows_everywhere(svc, ray_cluster):
+    """The node-2 gateway reaches the router (node 1) and both replicas' proxies over the
+    service's mutual TLS; status, ps and logs show it; a Responses chain started on one
+    gateway continues on the other (one store in shared_dir)."""
+    doc = svc.status()
+    gw = doc["components"][REMOTE_GW]
+    url = f"http://{ray_cluster.ip(2)}:18080"
+    assert gw["role"] == "gateway" and gw["node"] == ray_cluster.ip(2), gw
+    assert gw["url"] == url and gw["alive"] and gw["healthy"] and gw["pid"] > 0, gw
+    assert doc["gateway"]["gateways"] == 2 and doc["gateway"]["gateways_healthy"] == 2, doc
+    client = openai.OpenAI(base_url=url + "/v1", api_key=ADMIN_KEY, timeout=120)
+    for i in range(2):  # round robin: one on each node's replica
+        out = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"far {i}"}], max_tokens=2
+        )
+        assert out.choices[0].message.content
+    first = client.responses.create(model=MODEL, input="one", max_output_tokens=2)
+    near = openai.OpenAI(base_url=_gateway(svc) + "/v1", api_key=ADMIN_KEY, timeout=120)
+    second = near.responses.create(
+        model=MODEL, input="two", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert second.id != first.id
+    r = svc("inf", "status", "--service", SERVICE)
+    assert r.returncode == 0 and REMOTE_GW in r.stdout and url in r.stdout, r.stdout
+    r = svc("inf", "ps")
+    assert r.returncode == 0 and url in r.stdout, r.stdout
+    r = svc("inf", "logs", "--service", SERVICE, "--component", REMOTE_GW, "-n", "50")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert ADMIN_KEY not in r.stdout
 
 
 def test_logs_follow_a_remote_component_as_it_writes(svc):

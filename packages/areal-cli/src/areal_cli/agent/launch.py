@@ -302,6 +302,7 @@ def run(cfg: Config, o: RunOptions) -> int:
         settings["device_resource"] = settings["device_resource"] or "CPU"
         settings["driver_node"] = ray.util.get_node_ip_address()
         settings["gcs_address"] = ray.get_runtime_context().gcs_address
+        ray_scheduler.check_gateway_nodes(ray, settings)
         plan.ray = settings
 
     def start(launcher: Launcher) -> None:
