@@ -149,3 +149,38 @@ def test_gateway_nodes_must_be_live_nodes_other_than_the_clis():
     assert "10.0.0.11, 10.0.0.12" in str(e.value) and e.value.code == 2
     with pytest.raises(CLIError, match="--gateways N"):
         rs.check_gateway_nodes(ray, {**here, "gateway_nodes": ["10.0.0.11"]})
+
+
+def test_with_a_shared_dir_every_gateway_shares_one_responses_store(monkeypatch, tmp_path):
+    from areal_cli.inf.launch import response_store
+
+    monkeypatch.setenv("AREAL_HOME", str(tmp_path / "home"))
+    shared = tmp_path / "shared"
+    ray = {"shared_dir": str(shared), "gateway_nodes": ["10.0.0.12"]}
+    launcher = types.SimpleNamespace(group="inf", service="svc", state={"ray": ray})
+    # The folder a unit host fills in for `{data}` with a shared_dir (cluster/host.py).
+    store = shared / "inf" / "svc" / "responses.sqlite"
+    store.parent.mkdir(parents=True)
+    store.write_text("last run's")
+    assert response_store(launcher) == store  # type: ignore[arg-type]
+    assert not store.exists()  # a new run starts without the last run's
+    ray["gateway_nodes"] = []
+    assert response_store(launcher).parent.name == "svc"  # type: ignore[arg-type]
+    assert not response_store(launcher).is_relative_to(shared)  # type: ignore[arg-type]
+
+
+def test_ps_lists_the_gateways_on_other_nodes():
+    from areal_cli.components import Component
+    from areal_cli.lifecycle import _gateway_urls
+
+    def gw(name: str, **meta: str) -> Component:
+        return Component(name, 0, 0, 0, [], "", meta={"role": "gateway", **meta})
+
+    comps = {
+        "gateway": gw("gateway", url="http://10.0.0.11:8080"),
+        "gateway-1": gw("gateway-1", url="http://10.0.0.11:8080", shared="1"),
+        "gateway-remote-0": gw("gateway-remote-0", actor="a", url="http://10.0.0.12:8080"),
+        "router": Component("router", 0, 0, 0, [], "", meta={"role": "router"}),
+    }
+    s = {"gateway": {"url": "http://10.0.0.11:8080"}}
+    assert _gateway_urls(s, comps) == ["http://10.0.0.11:8080", "http://10.0.0.12:8080"]

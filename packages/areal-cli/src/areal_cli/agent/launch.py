@@ -322,6 +322,11 @@ def run(cfg: Config, o: RunOptions) -> int:
             common_args=_common_args(plan),
             gateway_args=["--mode", "agent"],
             timeout=lambda: _left(deadline),
+            # Gateways on other nodes reach the router at this node's address (over the
+            # service's mutual TLS); otherwise it stays on loopback.
+            router_host=(plan.ray or {}).get("driver_node", "127.0.0.1")
+            if (plan.ray or {}).get("gateway_nodes")
+            else "127.0.0.1",
             gateways=plan.gateways,
         )
         if plan.ray is not None:
