@@ -231,6 +231,26 @@ def test_a_gateway_on_node_2_serves_over_tls_and_shows_everywhere(svc, ray_clust
     assert ADMIN_KEY not in r.stdout
 
 
+def test_a_dead_remote_gateway_is_restarted_by_its_host(svc, ray_cluster):
+    before = svc.status()["components"][REMOTE_GW]
+    # Its pid as this (the parent) pid namespace numbers it, not node 2's.
+    [pid] = [p for p in ray_cluster.pids_in_node(2) if b"areal-gateway" in _cmdline(p)]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = svc.status()["components"][REMOTE_GW]
+        if now["restarts"] >= 1 and now["state"] == "running" and now.get("healthy"):
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not restarted: {now}")
+    assert now["url"] == before["url"] and now["pid"] != before["pid"]  # same address
+    client = openai.OpenAI(base_url=now["url"] + "/v1", api_key=ADMIN_KEY, timeout=120)
+    assert client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "back"}], max_tokens=2
+    ).choices
+
+
 def test_logs_follow_a_remote_component_as_it_writes(svc):
     """`logs -f` of node 2's engine: what it logs for requests sent meanwhile comes through."""
     follow = svc.popen(

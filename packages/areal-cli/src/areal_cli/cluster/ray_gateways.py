@@ -124,7 +124,10 @@ def start_remote_gateways(
         launcher.save()
         actors[actor] = rs.start_on_node(ray, actor, unit, node)
         names[actor] = name
-    progress(f"starting {len(nodes)} gateway(s) on other nodes: {', '.join(nodes)}")
+    progress(
+        f"starting {len(nodes)} gateway(s) on other nodes: {', '.join(nodes)} "
+        f"({launcher.elapsed():.1f}s)"
+    )
     deadline = time.monotonic() + timeout + 30
     infos = rs.wait_units(ray, actors, timeout + 30)
     for actor, info in infos.items():
@@ -148,4 +151,7 @@ def start_remote_gateways(
                     f"{launcher.group} logs --component {name}`"
                 )
             time.sleep(0.2)
-        progress(f"  {name} healthy at {c['meta']['url']} (node {info['node_ip']})")
+        progress(
+            f"  {name} healthy at {c['meta']['url']} (node {info['node_ip']}, "
+            f"{launcher.elapsed():.1f}s)"
+        )
