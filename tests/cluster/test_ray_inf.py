@@ -75,7 +75,10 @@ def svc(ray_cluster, tmp_path_factory):
     # The usual shared file system of a training cluster: recorded data survives node loss.
     shared = tmp_path_factory.mktemp("shared")
     (home / "inf").mkdir(mode=0o700)
-    (home / "inf" / "config.toml").write_text(f'[scheduler]\nshared_dir = "{shared}"\n')
+    # One more gateway on node 2 (docs/cluster.md, "Gateways on other nodes").
+    (home / "inf" / "config.toml").write_text(
+        f'[scheduler]\nshared_dir = "{shared}"\ngateway_nodes = ["{ray_cluster.ip(2)}"]\n'
+    )
     cli = Cli(ray_cluster, home)
     r = cli(
         "inf", "run",
@@ -114,10 +117,11 @@ def test_status_names_every_components_node(svc, ray_cluster):
     assert doc["gateway"]["node"] == ray_cluster.ip(1) and doc["router"]["node"] == ray_cluster.ip(
         1
     )
-    # --gateways 2 on a Ray service: both on the CLI's node, on the one port, both answering.
+    # --gateways 2 on a Ray service: both on the CLI's node, on the one port, both answering;
+    # and [scheduler] gateway_nodes' one on node 2.
     gws = [c for c in doc["components"].values() if c["role"] == "gateway"]
-    assert [g["node"] for g in gws] == [ray_cluster.ip(1)] * 2
-    assert doc["gateway"]["gateways"] == doc["gateway"]["gateways_healthy"] == 2, doc["gateway"]
+    assert sorted(g["node"] for g in gws) == [ray_cluster.ip(1)] * 2 + [ray_cluster.ip(2)]
+    assert doc["gateway"]["gateways"] == doc["gateway"]["gateways_healthy"] == 3, doc["gateway"]
     r = svc("inf", "status", "--service", SERVICE)
     assert r.returncode == 0 and ray_cluster.ip(2) in r.stdout and "NODE" in r.stdout
 
@@ -191,6 +195,60 @@ def test_logs_of_a_remote_component(svc):
     r = svc("inf", "logs", "--service", SERVICE, "--component", f"{MODEL}-data-proxy-1", "-n", "5")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip(), "no log lines came back from node 2"
+
+
+REMOTE_GW = "gateway-remote-0"
+
+
+def test_a_gateway_on_node_2_serves_over_tls_and_shows_everywhere(svc, ray_cluster):
+    """The node-2 gateway reaches the router (node 1) and both replicas' proxies over the
+    service's mutual TLS; status, ps and logs show it; a Responses chain started on one
+    gateway continues on the other (one store in shared_dir)."""
+    doc = svc.status()
+    gw = doc["components"][REMOTE_GW]
+    url = f"http://{ray_cluster.ip(2)}:18080"
+    assert gw["role"] == "gateway" and gw["node"] == ray_cluster.ip(2), gw
+    assert gw["url"] == url and gw["alive"] and gw["healthy"] and gw["pid"] > 0, gw
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key=ADMIN_KEY, timeout=120)
+    for i in range(2):  # round robin: one on each node's replica
+        out = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"far {i}"}], max_tokens=2
+        )
+        assert out.choices[0].message.content
+    first = client.responses.create(model=MODEL, input="one", max_output_tokens=2)
+    near = openai.OpenAI(base_url=_gateway(svc) + "/v1", api_key=ADMIN_KEY, timeout=120)
+    second = near.responses.create(
+        model=MODEL, input="two", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert second.id != first.id
+    r = svc("inf", "status", "--service", SERVICE)
+    assert r.returncode == 0 and REMOTE_GW in r.stdout and url in r.stdout, r.stdout
+    r = svc("inf", "ps")
+    assert r.returncode == 0 and url in r.stdout, r.stdout
+    r = svc("inf", "logs", "--service", SERVICE, "--component", REMOTE_GW, "-n", "50")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert ADMIN_KEY not in r.stdout
+
+
+def test_a_dead_remote_gateway_is_restarted_by_its_host(svc, ray_cluster):
+    before = svc.status()["components"][REMOTE_GW]
+    # Its pid as this (the parent) pid namespace numbers it, not node 2's.
+    [pid] = [p for p in ray_cluster.pids_in_node(2) if b"areal-gateway" in _cmdline(p)]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = svc.status()["components"][REMOTE_GW]
+        if now["restarts"] >= 1 and now["state"] == "running" and now.get("healthy"):
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not restarted: {now}")
+    assert now["url"] == before["url"] and now["pid"] != before["pid"]  # same address
+    client = openai.OpenAI(base_url=now["url"] + "/v1", api_key=ADMIN_KEY, timeout=120)
+    assert client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "back"}], max_tokens=2
+    ).choices
 
 
 def test_logs_follow_a_remote_component_as_it_writes(svc):

@@ -1,3 +1,3 @@
 """areal-cli."""
 
-__version__ = "0.3.3"
+__version__ = "0.3.4"

@@ -33,6 +33,7 @@ _SCHEDULER: dict[str, Types] = {
     "address": _STR,
     "device_resource": _STR,
     "shared_dir": _STR,
+    "gateway_nodes": (list,),  # node addresses, each a gateway (areal_cli.cluster.ray_gateways)
 }
 # areal_cli.watchdog.Policy; `--supervise/--no-supervise` overrides `enabled`.
 _SUPERVISION: dict[str, Types] = {

@@ -322,6 +322,20 @@ def start_router_gateway(
     launcher.save()
     more = f" ({gateways} gateways sharing the port)" if shared else ""
     progress(f"gateway healthy at {url}{more} ({launcher.elapsed():.1f}s)")
+    nodes = (state.get("ray") or {}).get("gateway_nodes") or []
+    if nodes:
+        from areal_cli.cluster.ray_gateways import start_remote_gateways
+
+        start_remote_gateways(
+            launcher,
+            nodes,
+            gateway_bin=gateway_bin,
+            port=port,
+            args=[*common_args, *gateway_args],
+            router_address=address,
+            admin_api_key=admin_api_key,
+            timeout=timeout(),
+        )
 
 
 def start_watchdog(launcher: Launcher) -> None:

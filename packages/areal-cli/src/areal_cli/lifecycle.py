@@ -73,6 +73,8 @@ def metrics_url(comp: Component) -> str | None:
     (SGLang serves them only with `--enable-metrics`, on its own port), the watchdog, or a
     component on another node (its ready file is there)."""
     role = comp.meta.get("role", "")
+    if comp.remote and role == "gateway":  # on another node, at that node's address
+        return f"{comp.meta['url']}/metrics" if comp.meta.get("url") else None
     if comp.remote or role in ("engine", "watchdog", "guard"):
         return None
     if role == "gateway":
@@ -147,6 +149,9 @@ def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
             "gateway": (s.get("gateway") or {}).get("url", ""),
             # Every gateway process of the service (several share the port: --gateways N).
             "gateways": {n: states[n] for n, c in comps.items() if c.role == "gateway"},
+            # Every address clients reach a gateway at: the service's port on the CLI's
+            # node, then each gateway on another node ([scheduler] gateway_nodes).
+            "gateway_urls": _gateway_urls(s, comps),
             "components": len(comps),
             "dead": dead,
             "restarting": sorted(n for n, v in states.items() if v == "restarting"),
@@ -164,6 +169,12 @@ def ps_rows(group: str, *, include_stale: bool) -> list[dict[str, Any]]:
             row["agent"] = s.get("agent", "")
         rows.append(row)
     return rows
+
+
+def _gateway_urls(s: dict[str, Any], comps: dict[str, Component]) -> list[str]:
+    urls = [(s.get("gateway") or {}).get("url", "")]
+    urls += [c.meta.get("url", "") for c in comps.values() if c.role == "gateway" and c.remote]
+    return [u for u in dict.fromkeys(urls) if u]
 
 
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
@@ -195,7 +206,7 @@ def ps(group: str, *, as_json: bool, include_stale: bool) -> int:
                 parts.append(f"{', '.join(dead)} dead")
             status += f" ({'; '.join(parts)})"
         extra = ",".join(r["models"]) if group == "inf" else r["agent"]
-        gateway = r["gateway"] or "-"
+        gateway = ",".join(r["gateway_urls"]) or "-"
         if len(r["gateways"]) > 1:
             up = sum(v == "running" for v in r["gateways"].values())
             gateway += f" ({up}/{len(r['gateways'])} gateways)"
@@ -230,7 +241,8 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     body = None
     for g in gateways:
         # Each gateway at the address only it answers on (the shared port reaches any).
-        at = g.get("own_url") or (s.get("gateway") or {}).get("url", "")
+        # One on another node: at its node's address (`url`).
+        at = g.get("own_url") or g.get("url") or (s.get("gateway") or {}).get("url", "")
         health = gateway_health(at, g["pid"], timeout=1.0) if probe and g.get("alive") else None
         g["healthy"] = health is not None
         body = body or health

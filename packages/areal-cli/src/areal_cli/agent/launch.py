@@ -302,6 +302,7 @@ def run(cfg: Config, o: RunOptions) -> int:
         settings["device_resource"] = settings["device_resource"] or "CPU"
         settings["driver_node"] = ray.util.get_node_ip_address()
         settings["gcs_address"] = ray.get_runtime_context().gcs_address
+        ray_scheduler.check_gateway_nodes(ray, settings)
         plan.ray = settings
 
     def start(launcher: Launcher) -> None:
@@ -321,6 +322,11 @@ def run(cfg: Config, o: RunOptions) -> int:
             common_args=_common_args(plan),
             gateway_args=["--mode", "agent"],
             timeout=lambda: _left(deadline),
+            # Gateways on other nodes reach the router at this node's address (over the
+            # service's mutual TLS); otherwise it stays on loopback.
+            router_host=(plan.ray or {}).get("driver_node", "127.0.0.1")
+            if (plan.ray or {}).get("gateway_nodes")
+            else "127.0.0.1",
             gateways=plan.gateways,
         )
         if plan.ray is not None:

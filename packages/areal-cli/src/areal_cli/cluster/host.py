@@ -216,6 +216,9 @@ class UnitHost:
         if "address_port" in spec:
             port = self.ports.get(spec["address_port"], 0)
             entry.update(port=port, address=f"{self.node_ip}:{port}")
+        elif "address" in spec:  # a port chosen by the CLI (a gateway's: the service's)
+            address = self._fill(spec["address"])
+            entry.update(port=int(address.rsplit(":", 1)[1]), address=address)
         entry["state"] = "running"
 
     def _check_needs(self) -> None:

@@ -184,6 +184,37 @@ def start_unit(
     return ray.remote(UnitHost).options(**opts).remote({**unit, "actor": name})
 
 
+def start_on_node(ray: Any, name: str, unit: dict[str, Any], node_ip: str) -> Any:
+    """The detached host actor of a unit that needs no device, pinned to the node at
+    `node_ip` (a gateway: clients know it by that address). Pinned by Ray's `node:<ip>`
+    resource rather than by node id, so that a lost node's host, which Ray keeps trying to
+    place again, comes back when a node with that address joins again."""
+    from areal_cli.cluster.host import UnitHost
+
+    return (
+        ray.remote(UnitHost)
+        .options(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            max_restarts=-1,
+            max_concurrency=8,
+            num_cpus=0,
+            resources={f"node:{node_ip}": NODE_SHARE},
+        )
+        .remote({**unit, "actor": name})
+    )
+
+
+# The share of a node's `node:<ip>` resource (1.0 per node) a pinned host claims: any
+# number of them fit on their node.
+NODE_SHARE = 0.001
+
+
+def alive_node_ips(ray: Any) -> set[str]:
+    return {str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")}
+
+
 def wait_units(ray: Any, actors: dict[str, Any], timeout: float) -> dict[str, dict[str, Any]]:
     """Every unit's info once all are ready; a CLIError with the first failure's reason."""
     deadline = time.monotonic() + timeout
@@ -358,7 +389,12 @@ def stop_remote(comps: list[Any], *, grace: float, force: bool) -> list[str]:
 def stop_actors(ray: Any, names: Iterable[str], *, grace: float, force: bool) -> list[str]:
     """Stop and kill the named hosts; the names Ray still lists afterwards."""
     actors = {n: a for n in names if (a := get_actor(ray, n)) is not None}
-    refs = {n: a.stop.remote(0.0 if force else grace, force) for n, a in actors.items()}
+    # A host whose node is gone waits for Ray to place it again (a pinned gateway, until a
+    # node with its address joins): nothing of it runs to stop, and asking would only wait.
+    lost = _on_lost_nodes(ray, actors)
+    refs = {
+        n: a.stop.remote(0.0 if force else grace, force) for n, a in actors.items() if n not in lost
+    }
     for ref in refs.values():
         try:
             ray.get(ref, timeout=(5 if force else grace) + 15)
@@ -380,6 +416,27 @@ def stop_actors(ray: Any, names: Iterable[str], *, grace: float, force: bool) ->
         time.sleep(0.2)
         left = [n for n in left if get_actor(ray, n) is not None]
     return left
+
+
+def _on_lost_nodes(ray: Any, names: Iterable[str]) -> set[str]:
+    """The hosts whose last published info names a node Ray no longer counts alive."""
+    import json
+
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from areal_cli.cluster.host import KV_NAMESPACE
+
+    alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+    lost = set()
+    for n in names:
+        try:
+            raw = _internal_kv_get(n, namespace=KV_NAMESPACE)
+            node_id = json.loads(raw)["node_id"] if raw else ""
+        except Exception:
+            continue  # unknown: asked to stop like any other
+        if node_id and node_id not in alive:
+            lost.add(n)
+    return lost
 
 
 def sweep(address: str, group: str, service: str, *, grace: float, force: bool) -> list[str]:
@@ -430,4 +487,48 @@ def scheduler_settings(cfg: Any, address_flag: str | None) -> dict[str, Any]:
         "ray_address": address or "auto",
         "device_resource": cfg.get("scheduler", "device_resource") or "",
         "shared_dir": cfg.get("scheduler", "shared_dir") or "",
+        "gateway_nodes": gateway_nodes(cfg),
     }
+
+
+def gateway_nodes(cfg: Any) -> list[str]:
+    """[scheduler] gateway_nodes: node addresses, each one given once."""
+    given = cfg.get("scheduler", "gateway_nodes") or []
+    if not all(isinstance(n, str) and n.strip() for n in given):
+        raise CLIError(
+            f"[scheduler] gateway_nodes must be a list of node addresses (got {given!r}); "
+            'for example gateway_nodes = ["10.0.0.12"]',
+            code=2,
+        )
+    nodes = [n.strip() for n in given]
+    dup = sorted({n for n in nodes if nodes.count(n) > 1})
+    if dup:
+        raise CLIError(
+            f"[scheduler] gateway_nodes names {', '.join(dup)} more than once: one gateway "
+            "per node there (more on the CLI's node: --gateways)",
+            code=2,
+        )
+    return nodes
+
+
+def check_gateway_nodes(ray: Any, settings: dict[str, Any]) -> None:
+    """Each of [scheduler] gateway_nodes is a live node of the cluster other than the CLI's
+    (whose gateways are --gateways)."""
+    nodes = settings.get("gateway_nodes") or []
+    if not nodes:
+        return
+    alive = alive_node_ips(ray)
+    here = settings.get("driver_node", "")
+    if here in nodes:
+        raise CLIError(
+            f"[scheduler] gateway_nodes names this node ({here}), where the service's "
+            "gateways already run: use --gateways N (or [launch] gateways) for more here",
+            code=2,
+        )
+    unknown = [n for n in nodes if n not in alive]
+    if unknown:
+        raise CLIError(
+            f"[scheduler] gateway_nodes: {', '.join(unknown)} is not a live node of the Ray "
+            f"cluster (its nodes: {', '.join(sorted(alive))})",
+            code=2,
+        )

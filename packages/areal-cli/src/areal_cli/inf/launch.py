@@ -341,8 +341,14 @@ class RunOptions:
 def response_store(launcher: Launcher) -> Path:
     """The stored Responses (`previous_response_id`, GET /v1/responses/{id}) in one SQLite
     file every gateway of the service shares, and a restarted one reads back; a new run
-    starts without the last run's."""
-    path = st.run_dir(launcher.group, launcher.service) / "responses.sqlite"
+    starts without the last run's. With gateways on other nodes and `[scheduler] shared_dir`,
+    the file in shared_dir that they use too (cluster/ray_gateways.py)."""
+    ray = launcher.state.get("ray") or {}
+    if ray.get("gateway_nodes") and ray.get("shared_dir"):
+        # The folder a unit host calls `{data}` (cluster/host.py).
+        path = Path(ray["shared_dir"]) / launcher.group / launcher.service / "responses.sqlite"
+    else:
+        path = st.run_dir(launcher.group, launcher.service) / "responses.sqlite"
     make_dir(path.parent)
     for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         leftover.unlink(missing_ok=True)
@@ -373,6 +379,7 @@ def run(cfg: Config, o: RunOptions) -> int:
         )
         ray_settings["driver_node"] = ray.util.get_node_ip_address()
         ray_settings["gcs_address"] = ray.get_runtime_context().gcs_address
+        ray_scheduler.check_gateway_nodes(ray, ray_settings)
     host = cfg.pick(o.host, "launch", "gateway_host", "127.0.0.1")
     port = int(cfg.pick(o.port, "launch", "gateway_port", DEFAULT_PORT))
     if not 0 <= port <= 65535:
