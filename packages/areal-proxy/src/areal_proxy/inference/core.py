@@ -21,7 +21,7 @@ from areal_proxy import openai_response as out
 from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
 from areal_proxy.engine import refusals
 from areal_proxy.engine.base import EngineError, GenerationRequest
-from areal_proxy.forced_tools import forced_constraint
+from areal_proxy.forced_tools import Scaffold, forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.inference.choices import all_of, merged
 from areal_proxy.output_parsing import NO_PARSER
@@ -143,6 +143,8 @@ class InferenceCore:
             else "",
         )
         self.tok = tok
+        # Forced tool calls' fixed text as this tokenizer's ids (forced_tools.py).
+        self.scaffold = Scaffold(tok.encode)
         self.prompts = prompts
         self.controller = controller
         # The limit every prompt is checked against: the model's context (or
@@ -443,6 +445,7 @@ class InferenceCore:
             req.tools,
             req.tool_choice,
             req.parallel_tool_calls,
+            self.scaffold,
         )
         if forced is not None:
             if template.constraint is not None:
