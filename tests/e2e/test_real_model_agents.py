@@ -38,6 +38,21 @@ def stack(smol_engine, tmp_path_factory):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def token_stack(smol_engine, tmp_path_factory):
+    """A proxy that forces a tool call's fixed text as token ids (--forced-call-token-ids)."""
+    s = start_stack(
+        tmp_path_factory.mktemp("forced-token-ids"),
+        smol_engine.url,
+        smol_engine.model_path,
+        model=MODEL,
+        n_proxies=1,
+        proxy_args=["--forced-call-token-ids"],
+    )
+    yield s
+    s.stop()
+
+
 def _admin(stack) -> httpx.Client:
     return httpx.Client(
         base_url=stack.gateway_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=300
@@ -268,7 +283,7 @@ CITY_TOOL = {
 @pytest.mark.parametrize(
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
-def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(stack, smol_engine, choice):
+def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(token_stack, smol_engine, choice):
     """Issue 25: forced as text, a t=1 sampler spelt `<tool_call>` as `<`,`t`,`oo`,`l`,...
     (55 tokens for a call the tokenizer writes in 34). Now the call's fixed text is the
     tokenizer's own ids (`<`,`tool`,`_`,`call`,`>`), the arguments are the model's sampled
@@ -276,12 +291,12 @@ def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(stack, smol_en
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(smol_engine.model_path / "tokenizer.json"))
-    with _admin(stack) as c:
+    with _admin(token_stack) as c:
         r = c.post("/rl/start_session", json={"task_id": "forced", "group_size": 1})
     assert r.status_code == 201, r.text
     [sess] = r.json()["sessions"]
     client = openai.OpenAI(
-        base_url=stack.gateway_url + "/v1", api_key=sess["session_api_key"], max_retries=0
+        base_url=token_stack.gateway_url + "/v1", api_key=sess["session_api_key"], max_retries=0
     )
     try:
         out = client.chat.completions.create(
@@ -302,7 +317,7 @@ def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(stack, smol_en
         assert call.function.name == "get_weather", ch  # type: ignore[union-attr]
         assert ch.finish_reason == "tool_calls", ch
         assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome", "Oslo")  # type: ignore[union-attr]
-    with _admin(stack) as c:
+    with _admin(token_stack) as c:
         e = c.post(
             "/rl/export_trajectories",
             json={"session_ids": [sess["session_id"]], "style": "individual"},

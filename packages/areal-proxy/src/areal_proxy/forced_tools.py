@@ -11,15 +11,16 @@ arguments to the function's JSON schema. The constraint is an xgrammar structura
 `required` makes one call with `parallel_tool_calls: false`, else one to as many calls as
 there are tools (a bound, so that a model that would rather call again than stop still ends).
 
-The fixed text of a call (the scaffold: `<tool_call>\\n{"name": "f", "arguments":` and
-`\\n</tool_call>`) is forced as the tokenizer's own ids (xgrammar `token` elements), not as
-text. A text constraint lets the sampler spell it in any tokens that make up the text, and a
-policy at temperature 1 picks odd ones (SmolLM2-135M: `<`,`t`,`oo`,`l`,... 55 tokens for a
-call the tokenizer writes in 34), so RL would train on sequences the model never writes.
-Where the scaffold meets the model's own text (the space before the arguments, the brace
-after them) the seam stays text, since the tokenizer merges it with the model's tokens
-(SmolLM2 writes ` {"` and `"}}` as one token each): the seams are found by
-tokenizing a whole sample call (`Scaffold`).
+With --forced-call-token-ids (off by default: SGLang 0.5.23 fails many such requests, see
+docs/openai-api.md), the fixed text of a call (the scaffold: `<tool_call>\\n{"name": "f",
+"arguments":` and `\\n</tool_call>`) is forced as the tokenizer's own ids (xgrammar `token`
+elements), not as text. A text constraint lets the sampler spell it in any tokens that make
+up the text, and a policy at temperature 1 picks odd ones (SmolLM2-135M: `<`,`t`,`oo`,`l`,...
+55 tokens for a call the tokenizer writes in 34), so RL would train on sequences the model
+never writes. Where the scaffold meets the model's own text (the space before the arguments,
+the brace after them) the seam stays text, since the tokenizer merges it with the model's
+tokens (SmolLM2 writes ` {"` and `"}}` as one token each): the seams are found by tokenizing
+a whole sample call (`Scaffold`).
 
 Parsers whose call syntax is made of special tokens (mistral's [TOOL_CALLS], deepseek's
 markers) and outputs that begin with reasoning cannot be constrained this way: those requests

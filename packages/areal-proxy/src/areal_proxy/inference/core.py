@@ -64,6 +64,8 @@ class InferenceConfig:
     engine_max_tokens: int = 0
     tool_call_parser: str = ""
     reasoning_parser: str = ""
+    # A forced call's fixed text as token ids, not text (forced_tools.py; --forced-call-token-ids).
+    forced_call_token_ids: bool = False
 
 
 @dataclass(slots=True)
@@ -143,8 +145,8 @@ class InferenceCore:
             else "",
         )
         self.tok = tok
-        # Forced tool calls' fixed text as this tokenizer's ids (forced_tools.py).
-        self.scaffold = Scaffold(tok.encode)
+        # Forced tool calls' fixed text as this tokenizer's ids (forced_tools.py), if asked.
+        self.scaffold = Scaffold(tok.encode) if config.forced_call_token_ids else None
         self.prompts = prompts
         self.controller = controller
         # The limit every prompt is checked against: the model's context (or
