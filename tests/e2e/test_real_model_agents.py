@@ -38,6 +38,21 @@ def stack(smol_engine, tmp_path_factory):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def token_stack(smol_engine, tmp_path_factory):
+    """A proxy that forces a tool call's fixed text as token ids (--forced-call-token-ids)."""
+    s = start_stack(
+        tmp_path_factory.mktemp("forced-token-ids"),
+        smol_engine.url,
+        smol_engine.model_path,
+        model=MODEL,
+        n_proxies=1,
+        proxy_args=["--forced-call-token-ids"],
+    )
+    yield s
+    s.stop()
+
+
 def _admin(stack) -> httpx.Client:
     return httpx.Client(
         base_url=stack.gateway_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=300
@@ -249,3 +264,90 @@ def test_a_prompt_over_the_engines_kv_cache_is_a_400_naming_the_limit(stack, end
     assert (err.get("param"), err.get("code")) == (param, "context_length_exceeded"), err
     assert "fewer than 4090 tokens" in err["message"] and "--max-total-tokens" in err["message"]
     assert len(sent) == 1
+
+
+CITY_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(token_stack, smol_engine, choice):
+    """Issue 25: forced as text, a t=1 sampler spelt `<tool_call>` as `<`,`t`,`oo`,`l`,...
+    (55 tokens for a call the tokenizer writes in 34). Now the call's fixed text is the
+    tokenizer's own ids (`<`,`tool`,`_`,`call`,`>`), the arguments are the model's sampled
+    tokens, and the recording holds exactly what was sampled, with its logprobs."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smol_engine.model_path / "tokenizer.json"))
+    with _admin(token_stack) as c:
+        r = c.post("/rl/start_session", json={"task_id": "forced", "group_size": 1})
+    assert r.status_code == 201, r.text
+    [sess] = r.json()["sessions"]
+    client = openai.OpenAI(
+        base_url=token_stack.gateway_url + "/v1", api_key=sess["session_api_key"], max_retries=0
+    )
+    try:
+        out = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[CITY_TOOL],  # type: ignore[list-item]
+            tool_choice=choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False,
+            temperature=1.0,
+            max_tokens=64,
+            logprobs=True,
+            n=3,
+        )
+    finally:
+        client.close()
+    for ch in out.choices:
+        [call] = ch.message.tool_calls or []
+        assert call.function.name == "get_weather", ch  # type: ignore[union-attr]
+        assert ch.finish_reason == "tool_calls", ch
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome", "Oslo")  # type: ignore[union-attr]
+    with _admin(token_stack) as c:
+        e = c.post(
+            "/rl/export_trajectories",
+            json={"session_ids": [sess["session_id"]], "style": "individual"},
+        )
+    assert e.status_code == 200, e.text
+    rows = e.json()["rows"]
+    assert len(rows) == 3
+    head = tok.encode('<tool_call>\n{"name": "get_weather", "arguments":', add_special_tokens=False)
+    tail = tok.encode("\n</tool_call>", add_special_tokens=False).ids
+    assert head.tokens[:5] == ["<", "tool", "_", "call", ">"]
+    sampled = [[t.logprob for t in (ch.logprobs.content or [])] for ch in out.choices]
+    assert all(len(s) > 20 for s in sampled), sampled
+    recorded = []
+    for row in rows:
+        a = row["loss_mask"].index(1)
+        ids, lps = row["input_ids"][a:], row["logprobs"][a:]
+        assert all(row["loss_mask"][a:]), "every output token is the model's, sampled"
+        recorded.append(lps)
+        body = ids[:-1] if tok.id_to_token(ids[-1]) == "<|im_end|>" else ids
+        pieces = [tok.id_to_token(i) for i in body]
+        canonical = tok.encode(tok.decode(body), add_special_tokens=False).ids
+        print(f"forced call: {len(body)} tokens, the tokenizer writes it in {len(canonical)}")
+        print(pieces, [round(x, 3) for x in lps[:6]])
+        assert body[: len(head.ids)] == head.ids, pieces
+        assert body[-len(tail) :] == tail, pieces
+        # Between them, the model's own tokens: the arguments with their seams (` `, `}`),
+        # however it spelt them (the tokenizer may merge a seam with them: ` {"`, `"}}`).
+        middle = tok.decode(body[len(head.ids) : -len(tail)])
+        assert middle.startswith(" ") and middle.endswith("}"), pieces
+        assert json.loads(middle[1:-1])["city"] in ("Paris", "Rome", "Oslo"), pieces
+    # What was sampled is what is recorded: each answer's logprobs start a recorded row's.
+    for s in sampled:
+        assert any(r[: len(s)] == pytest.approx(s, abs=1e-6) for r in recorded), (s, recorded)

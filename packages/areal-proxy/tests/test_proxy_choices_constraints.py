@@ -17,7 +17,7 @@ from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import JSON_MAX_WHITESPACE, GenerationRequest
 from areal_proxy.engine.sglang import _payload as sglang_payload
 from areal_proxy.engine.vllm import _payload as vllm_payload
-from areal_proxy.forced_tools import forced_constraint
+from areal_proxy.forced_tools import Scaffold, forced_constraint
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 52), EOS]
@@ -237,8 +237,13 @@ async def test_a_pause_restarts_a_constrained_generation_from_its_prompt(stream)
 # ---- forced tool calls -----------------------------------------------------------------
 
 
-async def _tool_proxy(parser="hermes", reasoning=""):
-    return await start(FakeEngineClient([]), tool_call_parser=parser, reasoning_parser=reasoning)
+async def _tool_proxy(parser="hermes", reasoning="", token_ids=True):
+    return await start(
+        FakeEngineClient([]),
+        tool_call_parser=parser,
+        reasoning_parser=reasoning,
+        forced_call_token_ids=token_ids,
+    )
 
 
 async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
@@ -253,22 +258,19 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
         assert kind == "structural_tag" and tag["type"] == "structural_tag"
         # A call, then at most one more (two tools offered), "\n" between them.
         first, more = tag["format"]["elements"]
-        assert more == {
-            "type": "repeat",
-            "min": 0,
-            "max": 1,
-            "content": {
-                "type": "sequence",
-                "elements": [{"type": "const_string", "value": "\n"}, first],
-            },
-        }
+        assert (more["type"], more["min"], more["max"]) == ("repeat", 0, 1)
+        *sep, again = more["content"]["elements"]
+        assert again == first
+        # "\n" as the tokenizer's id: it does not merge with the calls around it.
+        assert sep == [{"type": "token", "token": i} for i in h.tok.encode("\n")]
         assert first["type"] == "or"
-        assert [t["begin"] for t in first["elements"]] == [
+        spelt = [_spell(h.tok, c) for c in first["elements"]]
+        assert [head for head, _, _ in spelt] == [
             '<tool_call>\n{"name": "get_weather", "arguments": ',
             '<tool_call>\n{"name": "get_time", "arguments": ',
         ]
-        assert first["elements"][0]["content"]["json_schema"] == SCHEMA
-        assert first["elements"][0]["end"] == "}\n</tool_call>"
+        assert spelt[0][1] == SCHEMA
+        assert spelt[0][2] == "}\n</tool_call>"
         # The constrained text is exactly what the parser reads back.
         (call,) = out["choices"][0]["message"]["tool_calls"]
         assert call["function"]["name"] == "get_weather"
@@ -276,6 +278,126 @@ async def test_required_tool_choice_constrains_to_calls_in_the_parser_format():
         assert out["choices"][0]["finish_reason"] == "tool_calls"
     finally:
         await h.close()
+
+
+def _spell(tok, call):
+    """(the text before the arguments, their schema, the text after) of one forced call's
+    constraint, its token ids decoded."""
+    if call["type"] == "tag":  # without --forced-call-token-ids
+        return call["begin"], call["content"]["json_schema"], call["end"]
+    parts: list[str] = [""]
+    ids: list[int] = []
+    schema = None
+    for e in call["elements"]:
+        if e["type"] == "token":
+            ids.append(e["token"])
+            continue
+        parts[-1] += tok.decode(ids)
+        ids = []
+        if e["type"] == "json_schema":
+            schema = e["json_schema"]
+            parts.append("")
+        else:
+            assert e["type"] == "const_string", e
+            parts[-1] += e["value"]
+    parts[-1] += tok.decode(ids)
+    head, tail = parts
+    return head, schema, tail
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+async def test_a_forced_calls_fixed_text_is_the_tokenizers_own_ids(choice):
+    """Issue 25: held as text, a forced call's scaffold could be sampled in any tokens that
+    spell it (SmolLM2 at t=1: `<`,`t`,`oo`,`l`,... 55 tokens for a 34-token call), so RL
+    trained on sequences the model never writes. Its fixed text is now the ids the tokenizer
+    gives it in a whole call; only the seams next to the model's arguments stay text."""
+    h = await _tool_proxy()
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+    text = '<tool_call>\n{"name": "f", "arguments": {"city": "Rome"}}\n</tool_call>'
+    h.engine.sequence = [*h.tok.encode(text), EOS]
+    try:
+        body = {"messages": MSG, "tools": [tool], "tool_choice": choice}
+        out = await h.chat(body)
+        fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
+        els = fmt["elements"]
+        k = [e["type"] for e in els].index("json_schema")
+        head = [e["token"] for e in els[: k - 1]]
+        tail = [e["token"] for e in els[k + 2 :]]
+        assert all(e["type"] == "token" for e in [*els[: k - 1], *els[k + 2 :]]), els
+        # The parrot's tokenizer merges the space before the arguments and the brace after
+        # them with the model's own text: those two stay text.
+        assert (els[k - 1], els[k + 1]) == (
+            {"type": "const_string", "value": " "},
+            {"type": "const_string", "value": "}"},
+        )
+        whole = h.tok.encode(text)
+        assert head == h.tok.encode('<tool_call>\n{"name": "f", "arguments":')
+        assert tail == h.tok.encode("\n</tool_call>")
+        assert whole[: len(head)] == head and whole[-len(tail) :] == tail
+        assert _spell(h.tok, fmt) == (
+            '<tool_call>\n{"name": "f", "arguments": ',
+            SCHEMA,
+            "}\n</tool_call>",
+        )
+        assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
+    finally:
+        await h.close()
+
+
+async def test_without_the_flag_a_forced_calls_fixed_text_is_text():
+    # Off by default: SGLang 0.5.23 intermittently fails token elements (forced_tools.py).
+    h = await _tool_proxy(token_ids=False)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    h.engine.sequence = [*h.tok.encode(text), EOS]
+    try:
+        await h.chat({"messages": MSG, "tools": TOOLS[:1], "tool_choice": "required"})
+        fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
+        assert fmt["type"] == "tag" and '"token"' not in json.dumps(fmt)
+        assert _spell(h.tok, fmt) == (
+            '<tool_call>\n{"name": "get_weather", "arguments": ',
+            SCHEMA,
+            "}\n</tool_call>",
+        )
+    finally:
+        await h.close()
+
+
+def test_a_scaffold_the_tokenizer_does_not_merge_has_no_seams():
+    """Where no token spans the scaffold and the arguments (one id per character), all of the
+    fixed text is ids, and so is the separator between two calls."""
+    scaffold = Scaffold(lambda s: [ord(c) for c in s])
+    head = '<tool_call>\n{"name": "f", "arguments": '
+    assert scaffold.split(head, "}\n</tool_call>") == (
+        tuple(map(ord, head)),
+        "",
+        "",
+        tuple(map(ord, "}\n</tool_call>")),
+    )
+    con = forced_constraint("hermes", "", TOOLS, "required", True, scaffold)
+    assert con is not None
+    first, more = json.loads(con.value)["format"]["elements"]
+    assert more["content"]["elements"][0] == {"type": "token", "token": ord("\n")}
+    assert "const_string" not in json.dumps(first)
+
+
+def test_a_separator_the_tokenizer_merges_stays_text():
+    # "; " between two llama3 calls: with a tokenizer that writes "}; {" as one id, the
+    # separator has no ids of its own and stays text.
+    def encode(s: str) -> list[int]:
+        out, i = [], 0
+        while i < len(s):
+            if s.startswith("}; {", i):
+                out.append(1000)
+                i += 4
+            else:
+                out.append(ord(s[i]))
+                i += 1
+        return out
+
+    con = forced_constraint("llama3", "", TOOLS, "required", True, Scaffold(encode))
+    assert con is not None
+    _, more = json.loads(con.value)["format"]["elements"]
+    assert more["content"]["elements"][0] == {"type": "const_string", "value": "; "}
 
 
 async def test_named_tool_choice_allows_only_that_function():
@@ -291,7 +413,7 @@ async def test_named_tool_choice_allows_only_that_function():
         await h.chat(body)
         fmt = json.loads(h.engine.requests[0].constraint[1])["format"]
         # One call of the named function, though parallel_tool_calls defaults to true.
-        assert fmt["type"] == "tag" and fmt["begin"] == '{"name": "get_time", "parameters": '
+        assert _spell(h.tok, fmt)[0] == '{"name": "get_time", "parameters": '
         await _reject(
             h.stub.ChatCompletion,
             {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -310,7 +432,7 @@ def test_required_makes_at_most_one_call_per_tool_offered(tools, parallel, most)
     then hit max_tokens: after a call it prefers another to its end of turn. The constraint
     ends after one call per tool offered (one without parallel calls); after each call the
     model may end its turn."""
-    con = forced_constraint("hermes", "", tools, "required", parallel)
+    con = forced_constraint("hermes", "", tools, "required", parallel, None)
     assert con is not None
     fmt = json.loads(con.value)["format"]
     calls = [fmt] if most == 1 else fmt["elements"]

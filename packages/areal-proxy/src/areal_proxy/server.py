@@ -126,6 +126,7 @@ class ProxyServer:
                 engine_max_tokens=settings.engine_max_tokens,
                 tool_call_parser=settings.tool_call_parser,
                 reasoning_parser=settings.reasoning_parser,
+                forced_call_token_ids=settings.forced_call_token_ids,
             ),
             self.tokenizer,
             prompts,

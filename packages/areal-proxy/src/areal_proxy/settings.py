@@ -43,6 +43,16 @@ class Settings:
     )
     tool_call_parser: str = field(default="", metadata={"help": "e.g. hermes, qwen25, llama3"})
     reasoning_parser: str = field(default="", metadata={"help": "e.g. qwen3, deepseek-r1"})
+    # Off by default: with it, SGLang 0.5.23 (xgrammar 0.2.7) failed 15 of 30 forced requests
+    # on the parrot model with a 500 "Grammar accept_token failed": its xgrammar compiler
+    # cache mixes up token-level structural tags; docs/openai-api.md, "Forced tool calls".
+    forced_call_token_ids: bool = field(
+        default=False,
+        metadata={
+            "help": "constrain a forced tool call's fixed text as the tokenizer's own token ids "
+            "(the tokens the model would write) instead of as text"
+        },
+    )
     engine_max_tokens: int = field(
         default=0, metadata={"help": "cap on max_tokens (0 = context length only)"}
     )

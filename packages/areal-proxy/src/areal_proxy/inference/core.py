@@ -21,7 +21,7 @@ from areal_proxy import openai_response as out
 from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
 from areal_proxy.engine import refusals
 from areal_proxy.engine.base import EngineError, GenerationRequest
-from areal_proxy.forced_tools import forced_constraint
+from areal_proxy.forced_tools import Scaffold, forced_constraint
 from areal_proxy.generation import GenerationController, GenerationRecord, Step
 from areal_proxy.inference.choices import all_of, merged
 from areal_proxy.output_parsing import NO_PARSER
@@ -64,6 +64,8 @@ class InferenceConfig:
     engine_max_tokens: int = 0
     tool_call_parser: str = ""
     reasoning_parser: str = ""
+    # A forced call's fixed text as token ids, not text (forced_tools.py; --forced-call-token-ids).
+    forced_call_token_ids: bool = False
 
 
 @dataclass(slots=True)
@@ -143,6 +145,8 @@ class InferenceCore:
             else "",
         )
         self.tok = tok
+        # Forced tool calls' fixed text as this tokenizer's ids (forced_tools.py), if asked.
+        self.scaffold = Scaffold(tok.encode) if config.forced_call_token_ids else None
         self.prompts = prompts
         self.controller = controller
         # The limit every prompt is checked against: the model's context (or
@@ -443,6 +447,7 @@ class InferenceCore:
             req.tools,
             req.tool_choice,
             req.parallel_tool_calls,
+            self.scaffold,
         )
         if forced is not None:
             if template.constraint is not None:
