@@ -67,6 +67,10 @@ class Result:
         return json.loads(self.out)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Areal:
     """Runs `areal ...` with a private AREAL_HOME and the venv's bin first on PATH."""
 
@@ -92,6 +96,9 @@ class Areal:
         return Result(p.returncode, p.stdout, p.stderr)
 
     def popen(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        """The command as a terminal starts it. The tests send it Ctrl-C (SIGINT): a suite
+        run in the background of a non-interactive shell inherits SIGINT ignored, and so
+        would the command, which then could not be interrupted."""
         return subprocess.Popen(
             self.argv(*args),
             stdout=subprocess.PIPE,
@@ -99,6 +106,7 @@ class Areal:
             text=True,
             env={**self.env, **(env or {})},
             cwd=ROOT,
+            preexec_fn=_default_sigint,
         )
 
     def processes(self) -> list[int]:
