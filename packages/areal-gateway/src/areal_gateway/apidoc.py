@@ -49,7 +49,8 @@ def _op(
     """Describe `method path` (never served through this router)."""
 
     async def described(**_: Any) -> Response:  # pragma: no cover - never mounted
-        raise NotImplementedError
+        # Only its signature feeds the schema; the fast path serves the route itself.
+        raise RuntimeError(f"{method} {path} is a documentation route, never served")
 
     # The parameters FastAPI documents: the body's model, and the key (the security scheme).
     kw = inspect.Parameter.KEYWORD_ONLY

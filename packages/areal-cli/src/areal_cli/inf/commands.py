@@ -159,7 +159,9 @@ def register(
         proxy_args=proxy_args,
         health_timeout=model_health_timeout,
     )
-    raise typer.Exit(launch.register(sc.load_config(GROUP, ctx), service, opts))
+    from areal_cli.inf import registration
+
+    raise typer.Exit(registration.register(sc.load_config(GROUP, ctx), service, opts))
 
 
 @app.command()
@@ -192,17 +194,17 @@ def deregister(
         from areal_cli.inf import drain
 
         raise typer.Exit(drain.deregister_replica(cfg, service, model_name, replica, drain_timeout))
-    from areal_cli.inf import launch
+    from areal_cli.inf import registration
 
-    raise typer.Exit(launch.deregister(cfg, service, model_name))
+    raise typer.Exit(registration.deregister(cfg, service, model_name))
 
 
 @app.command()
 def models(ctx: typer.Context, service: Service = None, as_json: Json = False) -> None:
     """List the models of a service (the gateway's registry merged with local state)."""
-    from areal_cli.inf import launch
+    from areal_cli.inf import registration
 
-    raise typer.Exit(launch.models(sc.load_config(GROUP, ctx), service, as_json))
+    raise typer.Exit(registration.models(sc.load_config(GROUP, ctx), service, as_json))
 
 
 @app.command()

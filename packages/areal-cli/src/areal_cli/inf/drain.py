@@ -16,7 +16,7 @@ from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
 from areal_cli.http import call, error_message
-from areal_cli.inf.launch import running_service
+from areal_cli.inf.registration import running_service
 from areal_cli.reconcile import components, terminate_components
 
 GROUP = "inf"
