@@ -115,6 +115,13 @@ class Metrics:
             ["endpoint"],
             registry=r,
         )
+        self.left_out = Counter(
+            "areal_gateway_left_out_total",
+            "Request parts areal cannot honour, left out of the prompt instead of refused "
+            "(left_out.py), by API and kind",
+            ["api", "what"],
+            registry=r,
+        )
         self.external = Counter(
             "areal_gateway_external_requests_total",
             "Requests forwarded to external models, by upstream status",

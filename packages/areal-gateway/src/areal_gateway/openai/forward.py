@@ -182,6 +182,9 @@ class GenerationResponse(Response):
         self.deadline_unix_ms = int((time.time() + timeout) * 1000)
         self._headers_sent = False
         self._span: tracing.Span = tracing.NOOP
+        # Headers every answer of this request carries besides the standard ones (an API's
+        # `x-areal-left-out`: left_out.py).
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     def document(self) -> dict[str, Any]:
         if self.doc is None:
@@ -273,6 +276,7 @@ class GenerationResponse(Response):
                     *_JSON_HEADERS,
                     (b"content-length", str(len(body)).encode()),
                     (b"x-request-id", self.request_id.encode()),
+                    *self.extra_headers,
                 ],
             }
         )
@@ -285,7 +289,11 @@ class GenerationResponse(Response):
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [*SSE_HEADERS, (b"x-request-id", self.request_id.encode())],
+                "headers": [
+                    *SSE_HEADERS,
+                    (b"x-request-id", self.request_id.encode()),
+                    *self.extra_headers,
+                ],
             }
         )
 
