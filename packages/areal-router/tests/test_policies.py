@@ -246,6 +246,23 @@ def test_pinned_to_unhealthy_proxy_fails_fast_naming_the_session():
     assert router.route("a", session_id="sess-42").proxy is proxy
 
 
+def test_a_pin_is_asked_again_only_when_its_proxy_answered_that_its_engine_is_down():
+    reg = make_registry(a=2)
+    router = Router(reg)
+    proxy = router.bind(["sess-42"], "a")
+    pid = proxy.proxy_id
+    assert router.pin_to_ask("sess-42") == ""  # healthy: routed as it is
+    assert router.pin_to_ask("unknown") == ""
+    report(reg, pid, healthy=False)  # it answers; its engine may be back by the next request
+    assert router.pin_to_ask("sess-42") == pid
+    report(reg, pid, healthy=False, draining=True)  # routed as it is
+    assert router.pin_to_ask("sess-42") == ""
+    report(reg, pid, healthy=False)
+    # Its polls fail (the process is gone): refused at once, no poll timeout to wait.
+    reg.record_failure(pid, "connection refused", unhealthy_after=1)
+    assert proxy.health == UNHEALTHY and router.pin_to_ask("sess-42") == ""
+
+
 def test_draining_proxy_keeps_its_pinned_sessions_but_takes_no_new_one():
     """A retired replica (graceful drain) serves its own sessions' turns on other engines;
     new sessions and unpinned requests go to the healthy replicas only."""

@@ -45,11 +45,15 @@ class FakeProxy(proxy_pb2_grpc.ProxyStatusServiceServicer):
     model: str
     stats: dict = field(default_factory=dict)
     polls: int = 0
+    # Seconds each GetStats takes.
+    delay: float = 0.0
     server: grpc.aio.Server | None = None
     port: int = 0
 
     async def GetStats(self, request, context):
         self.polls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
         s = {"healthy": True, "model": self.model, **self.stats}
         return proxy_pb2.ProxyStats(**s)
 
@@ -386,6 +390,51 @@ async def test_sessions_bind_route_fail_fast_and_release(router: Harness):
         router_pb2.ReleaseSessionRequest(session_ids=["group:x"], with_bound=True)
     )
     assert released.released == 3 and router.server.registry.pins == {}
+
+
+async def test_a_pinned_session_asks_its_proxy_again_before_it_is_refused():
+    """Issue 31: after a cut engine stream on a model's only replica, the harness's retry got
+    `session_proxy_unavailable` until the next poll, while the engine answered again. The
+    retry's Route asks the proxy (which asks its engine); the refusal stays for an engine
+    that is really down."""
+    # No poll of its own for a minute: only the Route's can see the proxy come back.
+    h = await start_router(replace(FAST, health_interval=60.0, health_idle_interval=60.0))
+    try:
+        a = await h.add_proxy("m-0", "m")
+        await eventually(lambda: h.proxy("m-0").health == router_pb2.PROXY_HEALTH_HEALTHY)
+        await h.stub.BindSession(router_pb2.BindSessionRequest(session_ids=["s"], model="m"))
+        a.stats.update(healthy=False, detail="engine call failed: connection lost")
+        await h.server.poller.poll_once("m-0")
+        assert h.proxy("m-0").health == router_pb2.PROXY_HEALTH_UNHEALTHY
+        # The engine answers again: the retry is routed to it at once.
+        a.stats.update(healthy=True, detail="")
+        polls = a.polls
+        assert await h.route("m", session_id="s") == "m-0"
+        assert a.polls == polls + 1
+        assert h.proxy("m-0").health == router_pb2.PROXY_HEALTH_HEALTHY
+        # Really down: asked, and refused as before, naming the session and why.
+        a.stats.update(healthy=False, detail="engine failed its health check")
+        await h.server.poller.poll_once("m-0")
+        polls = a.polls
+        err = await rpc_error(h.stub.Route(router_pb2.RouteRequest(model="m", session_id="s")))
+        assert a.polls == polls + 1
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        detail = from_rpc_error(err)
+        assert detail.code == "session_proxy_unavailable"
+        assert "'s'" in detail.message and "health check" in detail.message
+        # Many retries at once share one poll.
+        a.delay = 0.2
+        polls = a.polls
+        errs = await asyncio.gather(
+            *(
+                rpc_error(h.stub.Route(router_pb2.RouteRequest(model="m", session_id="s")))
+                for _ in range(5)
+            )
+        )
+        assert all(e.code() == grpc.StatusCode.UNAVAILABLE for e in errs)
+        assert a.polls == polls + 1
+    finally:
+        await stop_router(h)
 
 
 async def test_session_affinity_pins_unknown_sessions():

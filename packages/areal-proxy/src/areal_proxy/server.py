@@ -16,6 +16,7 @@ from areal_proxy import __version__
 from areal_proxy.chat_template import PromptBuilder
 from areal_proxy.engine import make_engine_client
 from areal_proxy.engine.base import EngineClient
+from areal_proxy.engine_health import EngineHealth
 from areal_proxy.generation import GenerationController
 from areal_proxy.inference import InferenceConfig, InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
@@ -137,11 +138,19 @@ class ProxyServer:
             on_prompt=self.metrics.observe_prompt,
         )
         self.metrics.watch_turn_cache(self.book.turns)
+        self.engine_health = EngineHealth(
+            self.engine,
+            self.state,
+            self.metrics.engine_healthy,
+            learn_limit=handler.learn_engine_limit,
+            publish=self._publish_engine,
+        )
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
             controller=self.controller,
             metrics=self.metrics,
             state=self.state,
+            engine_health=self.engine_health,
             request_timeout=settings.request_timeout,
             book=self.book,
         )
@@ -192,26 +201,11 @@ class ProxyServer:
         return self.port
 
     async def _check_engine(self) -> None:
-        if self.state.retired:
-            # Its engine was handed back (and is stopped): nothing to check.
-            self.state.engine_detail = "retired"
-            return
-        ok = await self.engine.health()
-        if ok:  # what the engine takes, read when it (re)connects (inference/core.py)
-            await self.servicer.handler.learn_engine_limit(not self.state.engine_healthy)
-        if ok != self.state.engine_healthy:
-            log.log(
-                logging.INFO if ok else logging.WARNING,
-                "engine %s",
-                "healthy" if ok else "unhealthy",
-            )
-        changed = ok != self.state.engine_healthy
-        self.state.engine_healthy = ok
-        self.state.engine_detail = (
-            "" if ok else f"engine at {self.settings.engine_url} failed its health check"
-        )
-        self.metrics.engine_healthy.set(1 if ok else 0)
-        if changed and self._serving_set:
+        """Check the engine now (or wait for the check in flight): engine_health.py."""
+        await asyncio.shield(self.engine_health.check())
+
+    async def _publish_engine(self, ok: bool) -> None:
+        if self._serving_set:
             await self._set_serving(ok)
 
     async def _announce_retired(self) -> None:
@@ -244,9 +238,8 @@ class ProxyServer:
             await asyncio.sleep(self.settings.engine_health_interval)
             try:
                 await self._check_engine()
-            except Exception as e:  # never let the poller die
-                log.warning("engine health check raised: %r", e)
-                self.state.engine_healthy = False
+            except Exception:  # never let the poller die
+                log.exception("engine health check failed unexpectedly")
 
     async def _expiry_loop(self) -> None:
         """End RL sessions idle longer than --session-ttl (their rows stay exportable)."""
@@ -308,6 +301,7 @@ class ProxyServer:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self.engine_health.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.controller.wait_background(), 5.0)
         # 5. Close the engine client and the prompt screen, then the metrics endpoint.

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import orjson
@@ -45,6 +45,9 @@ from areal_runtime.errors import (
 )
 from areal_runtime.session_keys import key_matches
 
+if TYPE_CHECKING:
+    from areal_proxy.engine_health import EngineHealth
+
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _CHUNK_ROWS = 256
 # ... and about this many bytes at most (+ one row): 256 rows of a long session's turns
@@ -56,6 +59,10 @@ log = logging.getLogger(__name__)
 # Our own deadline fires this much before the gRPC one, so the caller gets a 504 with an
 # error detail (and the engine request is aborted) rather than a bare transport timeout.
 _DEADLINE_MARGIN_S = 0.02
+# How long GetStats waits for the engine's answer when it is not known healthy (less, when the
+# poll's own deadline comes first): enough for an engine that answers, short enough that a
+# poll of a replica whose engine hangs still gets its answer.
+_VERDICT_WAIT_S = 1.0
 
 
 @dataclass
@@ -105,10 +112,12 @@ class ProxyServicer(
         controller: GenerationController,
         metrics: ProxyMetrics,
         state: ProxyState,
+        engine_health: EngineHealth,
         request_timeout: float,
         book: SessionBook | None = None,
     ) -> None:
         self.book = book
+        self.engine_health = engine_health
         self.claims = ExportClaims(book) if book is not None else None
         self.handler = handler
         self.controller = controller
@@ -130,15 +139,12 @@ class ProxyServicer(
     # ---- bookkeeping -------------------------------------------------------------------
 
     def _error(self, exc: BaseException) -> ServiceError:
-        """The client's error; an engine that is gone is marked unhealthy at once.
-
-        GetStats then says healthy=false, so the router routes no new work here until
-        the background health check (every --engine-health-interval) sees it back.
-        """
-        if isinstance(exc, EngineError) and exc.status == 503 and self.state.engine_healthy:
-            self.state.engine_healthy = False
-            self.state.engine_detail = f"engine call failed: {exc}"
-            log.warning("engine marked unhealthy: %s", exc)
+        """The client's error. An engine call that failed as if the engine were gone makes
+        it suspect, and it is checked at once (engine_health.py): unhealthy for as long as it
+        does not answer, not until the next background check. A cancelled request (its
+        client went away) never comes here."""
+        if isinstance(exc, EngineError) and exc.status == 503:
+            self.engine_health.failed(str(exc))
         return _service_error(exc)
 
     def _on_generation_finished(self, rec: GenerationRecord) -> None:
@@ -593,6 +599,14 @@ class ProxyServicer(
 
     async def GetStats(self, request: Any, context: Any) -> proxy_pb2.ProxyStats:
         st = self.state
+        if not st.engine_healthy:
+            # The router asks again when a pinned session's request waits on the answer:
+            # what the engine says now, not at the last check (engine_health.py).
+            remaining = context.time_remaining()
+            within = _VERDICT_WAIT_S
+            if remaining is not None:
+                within = min(within, remaining - 5 * _DEADLINE_MARGIN_S)
+            await self.engine_health.verdict(within)
         if st.draining:
             detail = "draining"
         elif st.retired:

@@ -65,6 +65,8 @@ class _Tracked:
     again: float | None = None
     # The last poll was refused for the internal token (RegisterProxies reports it).
     refused_token: bool = False
+    # A poll asked for by a pinned session's Route (`recheck`), shared by every such Route.
+    recheck: asyncio.Task[bool | None] | None = None
 
 
 class HealthPoller:
@@ -114,7 +116,7 @@ class HealthPoller:
     def _cancel(t: _Tracked | None) -> None:
         if t is None:
             return
-        for task in (t.poll_task, t.push_task):
+        for task in (t.poll_task, t.push_task, t.recheck):
             if task is not None:
                 task.cancel()
         if t.timer is not None:
@@ -179,6 +181,24 @@ class HealthPoller:
         if t.timer is not None:
             t.timer.cancel()
         t.timer = loop.call_at(when, _wake, t.waker)
+
+    async def recheck(self, proxy_id: str) -> None:
+        """Poll the proxy now and wait for the outcome (bounded by `timeout`): a pinned
+        session's request waits on its health. Routes that ask while the poll is out share
+        it; a Route that goes away does not cancel it for the others."""
+        t = self._tracked.get(proxy_id)
+        if t is None:
+            return
+        task = t.recheck
+        if task is None or task.done():
+            task = t.recheck = asyncio.get_running_loop().create_task(
+                self.poll_once(proxy_id), name=f"recheck-{proxy_id}"
+            )
+        # `wait` neither cancels the poll when this Route is cancelled nor raises its error.
+        await asyncio.wait((task,))
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The Route answers from what is known.
+            log.error("proxy %s: recheck failed unexpectedly", proxy_id, exc_info=exc)
 
     # -- polls --------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from areal_router.registry import (
     DRAINING,
     EXTERNAL,
     HEALTH_NAMES,
+    UNHEALTHY,
     ModelState,
     ProxyState,
     Registry,
@@ -274,6 +275,21 @@ class Router:
                 code="session_proxy_unavailable",
             )
         return proxy
+
+    def pin_to_ask(self, session_id: str) -> str:
+        """The proxy to poll before a Route of `session_id` is refused, or "".
+
+        A session pinned to an unhealthy proxy fails fast, but only on fresh news: a proxy
+        that answered its last poll and reported its engine down (a lost engine stream
+        makes it suspect; proxy engine_health.py) may have it back already, and the
+        session's retry is the moment that matters. Such a proxy is asked again, and it asks
+        its engine. One whose polls fail (its process is gone) is not: that would only delay
+        the refusal by a poll timeout."""
+        pid = self.registry.pins.get(session_id)
+        proxy = self.registry.proxies.get(pid) if pid is not None else None
+        if proxy is None or proxy.health != UNHEALTHY or proxy.failures:
+            return ""
+        return proxy.proxy_id
 
     def route(
         self,

@@ -222,6 +222,11 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         if policy not in self.router.policies:
             policy = "<invalid>"  # a label value per bad request would grow without bound
         model_label = request.model if request.model in self.registry.models else UNREGISTERED_MODEL
+        if request.model and request.session_id:
+            ask = self.router.pin_to_ask(request.session_id)
+            if ask:
+                # Its engine may be back: the answer decides, not the last poll's.
+                await self.poller.recheck(ask)
         try:
             decision = self.router.route(
                 request.model,
