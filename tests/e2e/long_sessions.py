@@ -23,7 +23,14 @@ from stack import ADMIN_KEY, Proc, Stack
 from areal_proxy.chat_template import PromptBuilder
 from areal_proxy.tokenizer import ModelTokenizer
 
-FALLBACK_REASONS = ("history_edited", "not_cached", "render_changed", "tokenizer_unsupported")
+FALLBACK_REASONS = (
+    "new_conversation",
+    "history_edited",
+    "not_cached",
+    "render_changed",
+    "boundary_unknown",
+    "tokenizer_unsupported",
+)
 BUILDS = "areal_proxy_prompt_builds_total"
 FALLBACKS = "areal_proxy_prompt_fallbacks_total"
 TOKENIZED = "areal_proxy_prompt_tokenized_tokens_total"
@@ -301,8 +308,7 @@ class Reference:
 
     def __init__(self, model_dir: Path) -> None:
         self.tok = ModelTokenizer.from_dir(model_dir)
-        self.hf = PromptBuilder(self.tok)
-        self.concat = PromptBuilder(self.tok, template_type="concat")
+        self.hf = PromptBuilder(self.tok, template_type="hf")
 
     def full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
         return self.tok.encode(self.hf.render(messages, tools))
@@ -313,11 +319,19 @@ class Reference:
         previous_ids: list[int] | None,
         previous_messages: int,
     ) -> list[int]:
-        """The decoding path of `concat` (recording/concat.py): the previous turn's prompt +
-        output ids, then what the rendering adds after their decoded text."""
-        return self.concat.prompt_ids(
-            messages, previous_ids=previous_ids, previous_messages=previous_messages
-        )
+        """`concat`: the previous turn's prompt + output ids, then what the rendering writes
+        after the answer's <|im_end|> (ChatML: the parrot's template writes the conversation
+        up to the answer as a prefix of the whole), that token first where the answer was
+        cut before it."""
+        rendered = self.hf.render(messages)
+        if previous_ids is None:
+            return self.tok.encode(rendered)
+        head = self.hf.template.render(messages[:previous_messages], add_generation_prompt=False)
+        end = "<|im_end|>"
+        assert rendered.startswith(head) and head.endswith(end + "\n")
+        ended = previous_ids[-1] in self.tok.eos_token_ids
+        text = rendered[len(head) - (1 if ended else len(end) + 1) :]
+        return previous_ids + self.tok.encode(end + text)[1:]
 
 
 def first_diff(got: list[int], want: list[int], tok: ModelTokenizer) -> str:
@@ -368,8 +382,8 @@ def check_hf(ref: Reference, rows: list[dict], turns: list[Turn]) -> None:
 
 
 def check_concat(ref: Reference, rows: list[dict], turns: list[Turn]) -> None:
-    """Every turn's prompt continues the previous turn's exact prompt + output ids, and equals
-    what the decoding path of `concat` builds from them; outputs are what the SDK got."""
+    """Every turn's prompt continues the previous turn's exact prompt + output ids, then the
+    template's text after the answer (`Reference.concat_ids`); outputs are what the SDK got."""
     assert len(rows) == len(turns)
     rows_by_id = by_interaction(rows)
     previous: list[int] | None = None

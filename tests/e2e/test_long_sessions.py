@@ -61,7 +61,13 @@ def ref():
 
 @pytest.fixture(scope="module")
 def hf_stack(sglang_engine, tmp_path_factory):
-    s = start_stack(tmp_path_factory.mktemp("long-hf"), sglang_engine.url, PARROT, n_proxies=1)
+    s = start_stack(
+        tmp_path_factory.mktemp("long-hf"),
+        sglang_engine.url,
+        PARROT,
+        n_proxies=1,
+        proxy_args=["--chat-template-type", "hf"],
+    )
     yield s
     s.stop()
 
@@ -164,14 +170,17 @@ def test_fallbacks_are_counted_and_answered_right(hf_stack, ref):
 
 
 def test_proxy_killed_mid_session_restarts_and_the_session_goes_on(sglang_engine, tmp_path, ref):
-    s = start_stack(tmp_path / "long-restart", sglang_engine.url, PARROT, n_proxies=1)
+    hf = ["--chat-template-type", "hf"]
+    s = start_stack(
+        tmp_path / "long-restart", sglang_engine.url, PARROT, n_proxies=1, proxy_args=hf
+    )
     try:
         sess = Session(s, MODEL, MAX_TOKENS, s.proxies[0], messages=[SYSTEM])
         sess.run(0, 10)
         victim = s.proxies[0]
         os.killpg(victim.comp.pgid, signal.SIGKILL)
         victim.popen.wait(timeout=10)
-        argv = proxy_argv(s, sglang_engine.url, MODEL, PARROT, 0, [], port=victim.info["port"])
+        argv = proxy_argv(s, sglang_engine.url, MODEL, PARROT, 0, hf, port=victim.info["port"])
         s.proxies[0] = sess.proxy = launch(victim.comp.name, argv, s.log_dir, s.env)
         wait_healthy(s, MODEL, 1)
         sess.run(10, 6)
@@ -185,8 +194,10 @@ def test_proxy_killed_mid_session_restarts_and_the_session_goes_on(sglang_engine
             "incremental": 5,
             "full": 1,
             "not_cached": 1,
+            "new_conversation": 0,
             "history_edited": 0,
             "render_changed": 0,
+            "boundary_unknown": 0,
             "tokenizer_unsupported": 0,
         }
         rows = export_rows(s, sess.session_id)

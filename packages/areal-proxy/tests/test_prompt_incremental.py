@@ -3,7 +3,8 @@
 `hf`: the ids of a continued prompt equal tokenizing the whole rendering (checked on the
 bundled byte-level BPE tokenizer and on a Metaspace one built here, over conversations with
 special tokens, tool calls, non-ASCII text and odd whitespace in them). `concat`: the ids
-equal the continuation `chat_template.PromptBuilder` computes by decoding the whole history.
+are the previous turn's prompt + answer ids, then the new text's (with or without the
+cached state alike); test_prompt_concat.py has the template families.
 """
 
 from __future__ import annotations
@@ -197,29 +198,34 @@ def _answered(ids: list[int], output: list[int], msgs: list[dict], answer: dict)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
+def test_concat_continued_prompts_are_the_sampled_ids_then_the_new_text(tok, seed):
     rng = random.Random(100 + seed)
     builder = PromptBuilder(tok, template_type="concat")
     sp = SessionPrompts(builder, tok)
     state = parent = None
     covered = 0
     msgs: list[dict] = [{"role": "system", "content": _text(rng, 4)}]
-    for turn in range(15):
-        msgs = [*msgs, {"role": "user", "content": _text(rng, rng.randint(1, 20))}]
+    for _ in range(15):
+        user = {"role": "user", "content": _text(rng, rng.randint(1, 20))}
+        msgs = [*msgs, user]
         prev = Previous(parent=parent, covered=covered, parent_state=state)
         built = sp.build(msgs, None, None, prev)
-        expected = builder.prompt_ids(
-            msgs,
-            previous_ids=[*parent.prompt_ids, *parent.output_ids] if parent else None,
-            previous_messages=covered,
-        )
-        assert built.ids == expected
         _check_json(built)
-        if tok._byte_level:
-            assert built.incremental == (turn > 0)
-        # A Metaspace tokenizer decodes an answer's first token with a space in context and
-        # without it alone (what the client gets and echoes): then the echo differs from the
-        # ids' text, and concat falls back (as it always did: the ids are still right).
+        if parent is None:
+            assert built.ids == _full(builder, tok, msgs)
+        else:
+            sampled = parent.prompt_ids + parent.output_ids
+            assert built.ids[: len(sampled)] == sampled and built.incremental
+            assert tok.decode(built.ids[len(sampled) :], skip_special_tokens=False) == (
+                f"\n<|im_start|>user\n{user['content']}<|im_end|>\n<|im_start|>assistant\n"
+            )
+            # The same ids without the cached state (after a restart).
+            cold = sp.build(msgs, None, None, Previous(parent=parent, covered=covered))
+            assert cold.ids == built.ids and cold.path == "full:not_cached"
+            if tok._byte_level:
+                # Answers that are the tokenizer's own ids, echoed as written: nothing
+                # differs from tokenizing the whole rendering.
+                assert built.ids == _full(builder, tok, msgs)
         # The model's answer: tokens of some text, ended by the end-of-turn token.
         answer_text = _text(rng, rng.randint(1, 10), ANSWER_WORDS)
         output = [*tok.encode(answer_text), tok.eos_token_ids[0]]
@@ -227,8 +233,7 @@ def test_concat_continued_prompts_equal_the_decoding_path(tok, seed):
         parent = _answered(built.ids, output, msgs, answer)
         state = sp.after_answer(built.state, output)
         assert state is not None
-        assert state.answer == output
-        assert state.text == tok.decode(state.ids + state.answer, skip_special_tokens=False)
+        assert state.answer == output and state.ids == built.ids
         assert orjson.loads(b"[" + bytes(state.kept_json()) + b"]") == state.ids
         msgs = [*msgs, answer]
         covered = len(msgs)
@@ -247,6 +252,25 @@ def test_concat_without_a_cached_state_continues_from_the_parent(tok):
     assert not built.incremental and built.reason == "not_cached"
     assert built.ids[: len(first.ids) + len(output)] == first.ids + output
     assert built.reused == len(first.ids) + len(output)
+
+
+def test_concat_keeps_the_ids_of_an_answer_echoed_differently(tok):
+    """The client sends the answer back other than the model wrote it (here: its text with
+    other whitespace): the sampled ids stay, and only the new messages are tokenized."""
+    builder = PromptBuilder(tok, template_type="concat")
+    sp = SessionPrompts(builder, tok)
+    msgs = [{"role": "user", "content": "hi"}]
+    first = sp.build(msgs, None, None, Previous())
+    output = [*tok.encode("  hello  "), tok.eos_token_ids[0]]
+    echo = {"role": "assistant", "content": "hello"}
+    parent = _answered(first.ids, output, msgs, echo)
+    state = sp.after_answer(first.state, output)
+    msgs2 = [*msgs, echo, {"role": "user", "content": "more"}]
+    built = sp.build(msgs2, None, None, Previous(parent, 2, state))
+    assert built.incremental and built.ids[: len(first.ids) + len(output)] == first.ids + output
+    assert tok.decode(built.ids[len(first.ids) + len(output) :], skip_special_tokens=False) == (
+        "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_cuts_refuse_tokens_that_overlap_and_skip_lstrip_ones():

@@ -14,6 +14,7 @@ from proxy_fakes import EOS, FakeEngineClient, start
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.chat_template import PromptBuilder
+from areal_proxy.prompt.incremental import FALLBACK_REASONS
 from areal_runtime.session_keys import mint_key, new_id
 
 ANSWER = [7, 8, 9, EOS]
@@ -67,7 +68,7 @@ def _tool_turn(i: int) -> list[dict[str, Any]]:
 def _paths(h) -> dict[str, float]:
     m = h.server.metrics
     out = {p: m.prompt_builds.labels(p)._value.get() for p in ("incremental", "full")}
-    for reason in ("history_edited", "not_cached", "render_changed"):
+    for reason in FALLBACK_REASONS:
         out[reason] = m.prompt_fallbacks.labels(reason)._value.get()
     return out
 
@@ -96,7 +97,7 @@ def _full(h, msgs, tools=None) -> list[int]:
 
 @pytest.mark.parametrize("tools", [None, TOOLS])
 async def test_hf_turns_send_exactly_the_whole_tokenization(tools):
-    h = await start(TurnEngine(ANSWER))
+    h = await start(TurnEngine(ANSWER), chat_template_type="hf")
     try:
         sid, key = await _session(h)
         sent, _ = await _turns(h, sid, key, 12, tools=tools)
@@ -113,19 +114,23 @@ async def test_hf_turns_send_exactly_the_whole_tokenization(tools):
 
 
 async def test_concat_turns_continue_the_exact_previous_ids():
-    h = await start(TurnEngine(ANSWER), chat_template_type="concat")
+    h = await start(TurnEngine(ANSWER))  # concat: the default
     try:
         sid, key = await _session(h)
         sent, _ = await _turns(h, sid, key, 10)
         reqs = h.engine.requests
-        builder = PromptBuilder(h.tok, template_type="concat")
+        builder = PromptBuilder(h.tok)
         for i in range(1, len(sent)):
             previous = [*reqs[i - 1].input_ids, *ANSWER]
             assert reqs[i].input_ids[: len(previous)] == previous
-            expected = builder.prompt_ids(
-                sent[i], previous_ids=previous, previous_messages=len(sent[i - 1]) + 1
-            )
-            assert reqs[i].input_ids == expected
+            # Then what the template writes after the answer's <|im_end|>: the rest of the
+            # conversation's rendering, from the newline that follows it.
+            answered = [*sent[i - 1], {"role": "assistant", "content": h.tok.decode(ANSWER)}]
+            head = builder.template.render(answered, add_generation_prompt=False)
+            rendered = builder.render(sent[i])
+            assert head.endswith("<|im_end|>\n") and rendered.startswith(head)
+            new = h.tok.encode("<|im_end|>" + rendered[len(head) - 1 :])[1:]
+            assert reqs[i].input_ids == previous + new
         assert _paths(h)["incremental"] == 9
         rows = h.server.store.interactions(sid)
         assert all(r.inherited == len(rows[i - 1].prompt_ids) + 4 for i, r in enumerate(rows) if i)
@@ -133,8 +138,88 @@ async def test_concat_turns_continue_the_exact_previous_ids():
         await h.close()
 
 
-async def test_fallbacks_answer_right_and_are_counted():
+async def test_concat_new_chains_are_named_and_continued_ones_keep_their_ids():
     h = await start(TurnEngine(ANSWER))
+    try:
+        sid, key = await _session(h)
+        _sent, msgs = await _turns(h, sid, key, 3)
+
+        async def send(messages, tools=None):
+            body: dict[str, Any] = {"messages": messages, "max_tokens": 8}
+            if tools:
+                body["tools"] = tools
+            await h.chat(body, api_key=key, session_id=sid)
+            return h.engine.requests[-1].input_ids
+
+        last = h.server.store.interactions(sid)[-1]
+        sampled = last.prompt_ids + last.output_ids
+        # An earlier message edited: its answers extend no recorded turn; a new chain.
+        edited = [dict(m) for m in msgs] + [_user(10)]
+        edited[1] = {"role": "user", "content": "something else"}
+        assert await send(edited) == _full(h, edited)
+        # A side call (a title, say): a conversation of its own, with no earlier answer.
+        title = [{"role": "system", "content": "Write a title."}, _user(11)]
+        assert await send(title) == _full(h, title)
+        # Tools the template renders, sent for the first time mid-session: the lineage
+        # matches (it ignores tools), the rendering of the old part does not; the ids the
+        # model saw and sampled stay, the new messages follow.
+        ids = await send([*msgs, _user(12)], TOOLS)
+        assert ids[: len(sampled)] == sampled
+        paths = h.server.store.prompt_paths(sid)
+        assert paths == {
+            "full": 1,
+            "incremental": 2,
+            "full:history_edited": 1,
+            "full:new_conversation": 1,
+            "full:render_changed": 1,
+        }
+        rows = h.server.store.interactions(sid)
+        assert [r.parent_id is None for r in rows[-3:]] == [True, True, False]
+        assert [r.inherited for r in rows[-3:]] == [0, 0, len(sampled)]
+        assert _paths(h)["new_conversation"] == 1
+    finally:
+        await h.close()
+
+
+async def test_concat_tool_calls_echoed_as_compact_json_continue():
+    """A JavaScript harness sends the answer's tool call back with its arguments parsed
+    and written again compactly: the lineage matches it by meaning, and the next turn
+    continues the sampled ids from the cached prompt."""
+    call_text = '<tool_call>\n{"name": "lookup", "arguments": {"q": 1, "deep": true}}\n</tool_call>'
+    h0 = await start(TurnEngine(ANSWER))
+    ids = [*h0.tok.encode(call_text), EOS]
+    await h0.close()
+    h = await start(TurnEngine(ids), tool_call_parser="hermes")
+    try:
+        sid, key = await _session(h)
+        msgs: list[dict[str, Any]] = [_user(0)]
+        body = {"messages": msgs, "max_tokens": 64, "tools": TOOLS}
+        r = await h.chat(body, api_key=key, session_id=sid)
+        message = r["choices"][0]["message"]
+        [call] = message["tool_calls"]
+        args = json.loads(call["function"]["arguments"])
+        assert args == {"q": 1, "deep": True}
+        compact = json.dumps(dict(reversed(args.items())), separators=(",", ":"))
+        echo = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {**call, "id": "call_mine", "function": {**call["function"], "arguments": compact}}
+            ],
+        }
+        msgs = [*msgs, echo, {"role": "tool", "tool_call_id": "call_mine", "content": "found"}]
+        await h.chat({**body, "messages": msgs}, api_key=key, session_id=sid)
+        first, second = h.server.store.interactions(sid)
+        sampled = first.prompt_ids + first.output_ids
+        assert second.parent_id == first.interaction_id and second.inherited == len(sampled)
+        assert second.prompt_ids[: len(sampled)] == sampled
+        assert second.prompt_path == "incremental"
+    finally:
+        await h.close()
+
+
+async def test_hf_fallbacks_answer_right_and_are_counted():
+    h = await start(TurnEngine(ANSWER), chat_template_type="hf")
     try:
         sid, key = await _session(h)
         _sent, msgs = await _turns(h, sid, key, 3)
@@ -248,8 +333,8 @@ async def test_stream_and_choices_continue_too():
         await h.close()
 
 
-async def test_answers_and_tool_calls_echoed_differently_answer_right():
-    h = await start(TurnEngine(ANSWER))
+async def test_hf_answers_and_tool_calls_echoed_differently_answer_right():
+    h = await start(TurnEngine(ANSWER), chat_template_type="hf")
     try:
         sid, key = await _session(h)
         _, msgs = await _turns(h, sid, key, 3)  # turn 3 carries a tool call and its result
@@ -266,20 +351,22 @@ async def test_answers_and_tool_calls_echoed_differently_answer_right():
         echoed[calls[0]] = {**echoed[calls[0]], "tool_calls": [call]}
         await send([*echoed, _user(40)])
         assert h.server.store.prompt_paths(sid)["incremental"] == 3
-        # Its arguments re-serialized (other spacing), and the last answer echoed with other
-        # text: the longest recorded conversation the messages still extend is an earlier
-        # turn's, whose prompt (still cached) they continue from; right, and not whole.
+        # Its arguments re-serialized (other spacing): the same call by meaning, so the turn
+        # still extends turn 3. The last answer echoed with other text: the longest recorded
+        # conversation the messages still extend is turn 2's; right, and not whole.
         fn = dict(call["function"], arguments=call["function"]["arguments"].replace(" ", ""))
         echoed[calls[0]] = {**echoed[calls[0]], "tool_calls": [dict(call, function=fn)]}
         await send([*echoed, _user(41)])
         await send([*msgs[:-1], {"role": "assistant", "content": "not what I said"}, _user(42)])
         rows = h.server.store.interactions(sid)
-        assert [r.parent_id for r in rows[-2:]] == [rows[1].interaction_id] * 2
-        # The first of these continued turn 2's cached prompt; by the second, turn 2 was four
-        # turns back, past the few a session keeps cached: the full path, and still right.
+        assert [r.parent_id for r in rows[-2:]] == [rows[2].interaction_id, rows[1].interaction_id]
+        # The first of these extends turn 3, whose rendering (hf renders the arguments as
+        # sent) changed: the full path. By the second, turn 2 was four turns back, past the
+        # few a session keeps cached: the full path, and still right.
         assert h.server.store.prompt_paths(sid) == {
             "full": 1,
-            "incremental": 4,
+            "incremental": 3,
+            "full:render_changed": 1,
             "full:not_cached": 1,
         }
     finally:

@@ -110,36 +110,8 @@ def test_template_sandbox_refuses_attribute_escape():
 def test_concat_without_session_is_hf(tok):
     msgs = [{"role": "user", "content": "hi"}]
     assert PromptBuilder(tok, template_type="concat").prompt_ids(msgs) == PromptBuilder(
-        tok
+        tok, template_type="hf"
     ).prompt_ids(msgs)
-
-
-def test_concat_continues_previous_tokens(tok):
-    pb = PromptBuilder(tok, template_type="concat")
-    first = [{"role": "user", "content": "hi"}]
-    previous = [*pb.prompt_ids(first), 99, 98, 2]  # the exact tokens of turn 1 (with its answer)
-    msgs = [*first, {"role": "assistant", "content": "ab"}, {"role": "user", "content": "more"}]
-    ids = pb.prompt_ids(msgs, previous_ids=previous, previous_messages=2)
-    assert ids[: len(previous)] == previous
-    assert tok.decode(ids[len(previous) :], skip_special_tokens=False) == (
-        "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
-def test_concat_after_an_answer_cut_by_max_tokens(tok):
-    """The answer never generated its end-of-turn marker: the template's marker is added
-    as prompt text after the exact answer tokens, nothing is re-tokenized."""
-    pb = PromptBuilder(tok, template_type="concat")
-    first = [{"role": "user", "content": "hi"}]
-    answer = tok.encode("ab ab")
-    previous = [*pb.prompt_ids(first), *answer]
-    msgs = [*first, {"role": "assistant", "content": "ab ab"}, {"role": "user", "content": "more"}]
-    ids = pb.prompt_ids(msgs, previous_ids=previous, previous_messages=2)
-    assert ids[: len(previous)] == previous
-    assert tok.decode(ids[len(previous) :], skip_special_tokens=False) == (
-        "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert tok.decode(ids, skip_special_tokens=False) == pb.render(msgs)
 
 
 def test_settings_flags_env_and_required(monkeypatch):
@@ -157,7 +129,12 @@ def test_settings_flags_env_and_required(monkeypatch):
             "vllm",
         ]
     )
-    assert (s.model, s.engine, s.engine_max_tokens, s.chat_template_type) == ("m", "vllm", 64, "hf")
+    assert (s.model, s.engine, s.engine_max_tokens, s.chat_template_type) == (
+        "m",
+        "vllm",
+        64,
+        "concat",
+    )
     assert (s.port, s.metrics_port, s.drain_timeout, s.request_timeout) == (0, 0, 10.0, 3600.0)
     assert s.problems() == []
     assert load_settings([]).problems() == [

@@ -301,10 +301,11 @@ class ExportAck:
 @dataclass(frozen=True)
 class PromptPaths:
     """How a session's chat prompts were built: `incremental` turns continued the previous
-    turn's prompt; `full` ones were built whole (the session's first, and each fallback, by
-    reason in `fallbacks`: `history_edited`, `not_cached`, `render_changed`,
-    `tokenizer_unsupported`). `cached`: the last turn is in the proxy's turn cache, whose
-    prompt has `last_prompt_tokens` tokens (None when none is cached)."""
+    turn's prompt; `full` ones rendered the conversation whole (the session's first, and each
+    other, by reason in `fallbacks`: new chains `new_conversation`, `history_edited`,
+    `boundary_unknown`; with a parent `not_cached`, `render_changed`; `tokenizer_unsupported`).
+    `cached`: the last turn is in the proxy's turn cache, whose prompt has
+    `last_prompt_tokens` tokens (None when none is cached)."""
 
     incremental: int
     full: int

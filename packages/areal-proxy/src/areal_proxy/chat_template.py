@@ -1,7 +1,9 @@
 """The model's chat template, rendered in a sandboxed jinja2 environment (no transformers).
 
-`hf` renders the whole conversation each turn. `concat` continues the exact token sequence
-of a session's previous turn; without a session (sessions come later) it renders like `hf`.
+A request without a session is rendered whole and tokenized. A session's turn is built by
+prompt/incremental.py: `concat` (the default) continues the exact ids of the turn it
+extends, `hf` renders and tokenizes the conversation as a whole (continuing the previous
+prompt's tokens only where that gives the same ids).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from areal_proxy import tool_prompt
-from areal_proxy.recording.concat import continue_tokens
 from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
 
 __all__ = ["ChatTemplate", "PromptBuilder", "PromptTooLong", "TemplateError", "ToolsNotRendered"]
@@ -169,7 +170,7 @@ class ChatTemplate:
 class PromptBuilder:
     """Messages -> prompt token ids, in the configured template style."""
 
-    def __init__(self, tok: ModelTokenizer, *, template_type: str = "hf") -> None:
+    def __init__(self, tok: ModelTokenizer, *, template_type: str = "concat") -> None:
         if template_type not in ("hf", "concat"):
             raise ValueError(f"unknown chat template type {template_type!r}")
         if not tok.chat_template:
@@ -198,52 +199,17 @@ class PromptBuilder:
         tools: list[dict[str, Any]] | None = None,
         extra: dict[str, Any] | None = None,
         *,
-        previous_ids: list[int] | None = None,
-        previous_messages: int = 0,
         limit: int = 0,
         rendered: str | None = None,
     ) -> list[int]:
-        """Token ids of the prompt.
+        """Token ids of the whole conversation rendered (a request without a session, in
+        either template style: a session's turn is continued by prompt/incremental.py).
 
         `limit` (the context length; 0 = none): a rendered prompt whose length alone shows
         it has at least that many tokens raises PromptTooLong before it is tokenized
         (rendering is milliseconds for megabytes; tokenizing them, seconds). `rendered`: the
         whole conversation as `render_checked` already rendered it.
-
-        `concat` with a session's previous turn (`previous_ids`: its prompt + answer tokens,
-        covering the first `previous_messages` messages) appends only the new messages'
-        tokens, so the episode stays one token stream. Without a previous turn (or in
-        `hf`) the whole conversation is rendered.
         """
-        if self.template_type == "concat" and previous_ids and 0 < previous_messages:
-            # What the template writes after the previous turn's exact tokens (its end-of-turn
-            # marker when the answer stopped on length, the newline after it, the new
-            # messages, the generation prompt) is tokenized; the previous tokens are kept.
-            if rendered is None:
-                rendered = self.render_checked(messages, tools, extra, limit)
-            ids = continue_tokens(
-                previous_ids,
-                rendered,
-                lambda t: self._tok.decode(t, skip_special_tokens=False),
-                self._tok.encode,
-            )
-            if ids is not None:
-                return ids
-            # The client echoed the answer differently (reasoning split off, say); the
-            # parent match already vouched for it, so keep its tokens and add what the
-            # template writes after the previous messages.
-            head = self._template.render(
-                messages[:previous_messages], tools=tools, add_generation_prompt=False, extra=extra
-            )
-            full = rendered
-            if full.startswith(head):
-                cut = len(head)
-                eos = self._tok.eos_token
-                if eos and (at := head.rfind(eos)) >= 0:
-                    # An answer cut by max_tokens never generated its end-of-turn marker.
-                    ended = previous_ids[-1] in self._tok.eos_token_ids
-                    cut = at + len(eos) if ended else at
-                return [*previous_ids, *self._tok.encode(full[cut:])]
         if rendered is None:
             rendered = self.render_checked(messages, tools, extra, limit)
         return self._tok.encode(rendered, limit=limit)

@@ -36,7 +36,15 @@ class Settings:
         default="", metadata={"help": "folder with tokenizer.json + tokenizer_config.json"}
     )
     proxy_id: str = field(default="", metadata={"help": "stable id reported in stats"})
-    chat_template_type: str = field(default="hf", metadata={"choices": ["hf", "concat"]})
+    chat_template_type: str = field(
+        default="concat",
+        metadata={
+            "choices": ["concat", "hf"],
+            "help": "how a session's turn is prompted: concat continues the exact ids of the "
+            "turn it extends (what the model saw and sampled) and tokenizes only the new "
+            "messages; hf tokenizes the whole rendered conversation again",
+        },
+    )
     request_timeout: float = field(default=3600.0, metadata={"help": "seconds for one engine call"})
     set_reward_finish_timeout: float = field(
         default=0.0, metadata={"help": "seconds a trajectory stays open after a reward"}

@@ -1,44 +1,69 @@
 """A chat turn's prompt ids, continued from the previous turn of its session where that is
 exact, so that a turn costs what is new rather than the whole conversation.
 
-`hf`: the conversation is rendered whole (microseconds per message: string joins), then
-checked to extend the previous prompt's rendering up to its last cut (prompt/cuts.py); only
-the text from that cut on is tokenized, and the ids before it are the previous prompt's.
-The ids equal a full tokenization of the rendering, bit for bit (cuts.py says why).
+`concat` (the default): a turn that extends a recorded one (its parent, found by the
+lineage) continues the parent's exact prompt + answer ids, the ids the model saw and
+sampled, followed by the tokens of what the template writes after the answer's turn ends
+(prompt/boundary.py says how that end is found). With the parent's prompt cached and the
+conversation before the answer rendered as it was, that is found in the new text alone
+(`incremental`); otherwise the conversation up to the answer is rendered too, and the ids
+are still the parent's (`full:not_cached`, `full:render_changed`). Only the new text is
+tokenized either way.
 
-`concat`: the previous turn's exact prompt + answer ids continue, followed by the tokens of
-what the rendering adds after their text, as `recording/concat.py` does, but with the text
-of those ids kept from the previous turn instead of decoding the whole history again.
+`hf` (opt-in): the conversation is rendered whole (microseconds per message: string joins),
+then checked to extend the previous prompt's rendering up to its last cut (prompt/cuts.py);
+only the text from that cut on is tokenized, and the ids before it are the previous
+prompt's. The ids equal a full tokenization of the rendering, bit for bit (cuts.py says
+why), so text the model sampled is tokenized again.
 
-Anything else takes the full path and names why (`FALLBACK_REASONS`), for the metric and the
-session's status:
-- `history_edited`: the messages extend no recorded turn of the session (an earlier message
-  edited or dropped, a new system prompt);
-- `not_cached`: they extend a recorded turn whose prompt is no longer in memory (the session
-  was evicted from the cache, or the proxy restarted since);
-- `render_changed`: they extend a cached turn, but the template renders that turn's part
-  differently now (a template whose output for old messages depends on later ones, other
-  tools or template arguments, an answer echoed back differently);
-- `tokenizer_unsupported`: the tokenizer has no added token a prompt can be cut at.
+Every other turn renders the conversation whole and names why (`FALLBACK_REASONS`), for the
+metric, the session's status and the recorded `prompt_path` ("full:<reason>"; "full" alone
+is a session's first turn):
+- `new_conversation`: a session's turn that extends no recorded turn and carries no earlier
+  answer: the first turn of a conversation of its own (a sub-agent, a side call such as a
+  title, a new task, a history compacted into a summary). A new chain.
+- `history_edited`: a turn that carries earlier answers, yet extends no recorded turn (an
+  earlier message edited or dropped, an answer replaced or never sampled here, a new system
+  prompt). A new chain.
+- `not_cached`: it extends a recorded turn whose prompt is no longer in memory (the session
+  was evicted from the cache, or the proxy restarted since). `concat` still continues the
+  parent's ids.
+- `render_changed`: it extends a cached turn, but the template renders the conversation
+  before its answer differently now (a template whose output for old messages depends on
+  later ones, other tools or template arguments). `concat` still continues the parent's ids.
+- `boundary_unknown` (`concat`): it extends a recorded turn, but the end of that turn's
+  answer cannot be found in the template's rendering (a template that writes no special
+  token after an answer, and an answer not echoed as the model wrote it): tokenized whole,
+  a new chain.
+- `tokenizer_unsupported` (`hf`): the tokenizer has no added token a prompt can be cut at.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong
+from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
+from areal_proxy.prompt.boundary import Specials, TurnEnd, end_after_prompt, end_in_rendering
 from areal_proxy.prompt.cuts import Cuts
 from areal_proxy.prompt.state import PromptState
+from areal_proxy.recording.concat import continue_tokens
 from areal_proxy.recording.model import Interaction
 from areal_proxy.tokenizer import ModelTokenizer
 
-FALLBACK_REASONS = ("history_edited", "not_cached", "render_changed", "tokenizer_unsupported")
-# Tokens decoded before new ones to find their text (a leading space, a character split
-# across tokens): the same window as a streaming detokenizer's.
-_DECODE_WINDOW = 6
+log = logging.getLogger(__name__)
+
+FALLBACK_REASONS = (
+    "new_conversation",
+    "history_edited",
+    "not_cached",
+    "render_changed",
+    "boundary_unknown",
+    "tokenizer_unsupported",
+)
 
 
 @dataclass(slots=True)
@@ -89,6 +114,18 @@ class SessionPrompts:
         # One int object per token id, shared by every cached prompt: a list of ids then
         # costs its 8-byte pointers, not 36 bytes a token.
         self._ints = list(range(tok.vocab_size))
+        # concat: where an answer's turn ends in the template's rendering (boundary.py).
+        self.specials = Specials(tok.added_tokens)
+        self.turn_end = TurnEnd.probe(
+            lambda m: builder.template.render(m, add_generation_prompt=False), self.specials
+        )
+        self._end_ids = frozenset(tok.eos_token_ids)
+        if self.template_type == "concat" and self.turn_end is None:
+            log.warning(
+                "concat: the chat template writes no special token right after an answer; "
+                "each session turn renders its conversation again to find where the previous "
+                "answer ends (prompt_path full:render_changed)"
+            )
 
     def interned(self, ids: list[int]) -> list[int]:
         table = self._ints
@@ -115,10 +152,7 @@ class SessionPrompts:
         """The state a turn leaves once answered: `concat` continues its answer's ids too."""
         if state is None or self.template_type != "concat":
             return state
-        text = self._decoded_after(state.ids, output_ids)
-        if text is None:
-            return None
-        return replace(state, text=state.text + text, answer=self.interned(output_ids))
+        return replace(state, answer=self.interned(output_ids))
 
     # ---- hf --------------------------------------------------------------------------
 
@@ -216,53 +250,97 @@ class SessionPrompts:
     ) -> Built:
         parent, state = prev.parent, prev.parent_state
         if parent is None or prev.covered <= 0:
-            ids = self.interned(self.tok.encode(rendered, limit=limit))
-            return Built(ids, self._concat_state(ids), reason=prev.reason, tokenized=len(ids))
-        if state is not None and rendered.startswith(state.text):
-            new = self.tok.encode(rendered[len(state.text) :])
-            ids = state.ids + state.answer
-            reused = len(ids)
-            ids.extend(self.interned(new))
-            if limit and len(ids) >= limit:
-                raise PromptTooLong(len(ids))
-            text = self._decoded_after(state.ids[-_DECODE_WINDOW:] + state.answer, new)
-            keep = PromptState(state.text + text, ids) if text is not None else None
-            built = Built(ids, keep, incremental=True, reused=reused, tokenized=len(new))
-            return self._encoded(built, state)
+            return self._whole(rendered, limit, prev.reason)
+        if state is not None:
+            found = end_after_prompt(rendered, state.text, self.turn_end, self.specials)
+            if found is not None:
+                ended = self._ended(parent.output_ids, found.token_id)
+                added = self._encode_after(rendered[found.after(ended) :])
+                ids = state.ids + state.answer
+                reused = len(ids)
+                ids.extend(added)
+                if limit and len(ids) >= limit:
+                    raise PromptTooLong(len(ids))
+                keep = PromptState(rendered, ids)
+                built = Built(ids, keep, incremental=True, reused=reused, tokenized=len(added))
+                return self._encoded(built, state)
         reason = "render_changed" if state is not None else (prev.reason or "not_cached")
         previous = [*parent.prompt_ids, *parent.output_ids]
-        ids = self.interned(
-            self.builder.prompt_ids(
-                messages,
-                tools,
-                extra,
-                previous_ids=previous,
-                previous_messages=prev.covered,
-                limit=limit,
-                rendered=rendered,
+        new = self._after_answer(
+            messages[: prev.covered], tools, extra, rendered, parent.output_ids
+        )
+        if new is None:
+            # Text alone: the rendering goes on exactly from the ids' decoding (a template
+            # that writes no special token after an answer, whose answer was echoed as the
+            # model wrote it).
+            whole = continue_tokens(
+                previous,
+                rendered,
+                lambda t: self.tok.decode(t, skip_special_tokens=False),
+                self.tok.encode,
             )
-        )
-        reused = len(previous) if ids[: len(previous)] == previous else 0
+            if whole is None:
+                return self._whole(rendered, limit, "boundary_unknown")
+            new = whole[len(previous) :]
+        reused = len(previous)
+        ids = self.interned([*previous, *new])
+        if limit and len(ids) >= limit:
+            raise PromptTooLong(len(ids))
         return Built(
-            ids, self._concat_state(ids), reason=reason, reused=reused, tokenized=len(ids) - reused
+            ids, self._concat_state(rendered, ids), reason=reason, reused=reused, tokenized=len(new)
         )
 
-    def _concat_state(self, ids: list[int]) -> PromptState:
-        text = self.tok.decode(ids, skip_special_tokens=False)
-        encoded = orjson.dumps(ids)
-        return PromptState(text, ids, json=encoded, json_end=len(encoded) - 1)
+    def _whole(self, rendered: str, limit: int, reason: str) -> Built:
+        """A prompt tokenized whole: a session's first turn, or a new chain (`reason`)."""
+        ids = self.interned(self.tok.encode(rendered, limit=limit))
+        return Built(ids, self._concat_state(rendered, ids), reason=reason, tokenized=len(ids))
 
-    def _decoded_after(self, before: list[int], new: list[int]) -> str | None:
-        """The text `new` adds after `before` in decode(before + new), from a window of
-        `before` only; None when the window cannot tell (it ends inside a character)."""
-        if not new:
-            return ""
-        window = before[-_DECODE_WINDOW:]
-        head = self.tok.decode(window, skip_special_tokens=False)
-        whole = self.tok.decode(window + new, skip_special_tokens=False)
-        if head.endswith("\ufffd") or not whole.startswith(head):
+    def _after_answer(
+        self,
+        head_messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        extra: dict[str, Any] | None,
+        rendered: str,
+        output_ids: list[int],
+    ) -> list[int] | None:
+        """The ids of what `rendered` writes after the answer that ends `head_messages`,
+        found by rendering those alone (boundary.end_in_rendering); None where that does
+        not line up."""
+        try:
+            head = self.builder.template.render(
+                head_messages, tools=tools, add_generation_prompt=False, extra=extra
+            )
+        except (TemplateError, ToolsNotRendered):
             return None
-        return whole[len(head) :]
+        found = end_in_rendering(head, rendered, self.specials)
+        if found is None:
+            return None
+        ended = self._ended(output_ids, found.token_id)
+        return self._encode_after(rendered[found.after(ended) :])
+
+    def _ended(self, output_ids: list[int], turn_end_id: int) -> bool:
+        """Whether the answer ends with an end-of-turn token the model sampled: the
+        template's, or another of the model's (Llama-3's <|eom_id|>, say), which then stands
+        for the template's; else it was cut by max_tokens or a stop string, and the
+        template's token follows it."""
+        return bool(output_ids) and (
+            output_ids[-1] == turn_end_id or output_ids[-1] in self._end_ids
+        )
+
+    def _encode_after(self, text: str) -> list[int]:
+        """The ids of `text` as they follow a special token in a whole tokenization: encoded
+        behind the end-of-turn token, which is then dropped (a Metaspace tokenizer prefixes
+        the first piece of a text with a space, but not one after a special token)."""
+        end = self.turn_end
+        if end is not None:
+            ids = self.tok.encode(end.token + text)
+            if ids and ids[0] == end.token_id:
+                return self.interned(ids[1:])
+        return self.interned(self.tok.encode(text))
+
+    def _concat_state(self, rendered: str, ids: list[int]) -> PromptState:
+        encoded = orjson.dumps(ids)
+        return PromptState(rendered, ids, json=encoded, json_end=len(encoded) - 1)
 
 
 def _array(head: memoryview, ids: list[int]) -> bytes:

@@ -29,8 +29,9 @@ class PromptState:
     `cut_chars[i]` / `cut_tokens[i]` say that text[:cut_chars[i]] tokenizes to
     ids[:cut_tokens[i]] whatever follows it (prompt/cuts.py). `concat`: `ids` are the
     prompt's and `answer` the answer's (kept apart: the next prompt copies both once, rather
-    than each turn copying its whole sequence twice), `text` their decoding (special tokens
-    kept), and no cuts.
+    than each turn copying its whole sequence twice), `text` the prompt's rendering, its
+    generation prompt included (a next rendering that starts with it has the answer's turn
+    right after: prompt/boundary.py), and no cuts.
 
     `json`: a JSON array of the ids (the engine request of the prompt they came from), whose
     `json[1:json_end]` encodes exactly those a next prompt takes over (hf: up to the last cut;

@@ -3,7 +3,9 @@
 Upstream compares each new request against every earlier interaction (and
 sorts them) on every insert, so recording cost grows with history. Here each
 message prefix has a chained hash: finding the parent is one dict lookup per
-message of the new request, whatever the session's length.
+message of the new request, whatever the session's length. Messages are compared in
+their canonical form (areal_runtime.openai.messages): by meaning, so that an answer a
+client echoes back with its tool calls' arguments re-serialized is still the answer.
 """
 
 from __future__ import annotations

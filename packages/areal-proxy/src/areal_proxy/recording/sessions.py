@@ -54,6 +54,7 @@ from areal_runtime.errors import (
     StorageFull,
     Unauthenticated,
 )
+from areal_runtime.openai.messages import canonical
 from areal_runtime.session_keys import key_hash, key_matches, new_id
 
 _T = TypeVar("_T")
@@ -335,15 +336,20 @@ class SessionBook:
         latest = self.turns.latest(sid)
         cached = _extended(latest, messages)
         if cached is not None:
-            # The usual turn: its messages repeat the latest turn's conversation exactly, so
-            # only the new ones are hashed (the lineage would hash them all to find the same).
+            # The usual turn: its messages repeat the latest turn's conversation, so only
+            # the new ones are hashed (the lineage would hash them all to find the same).
             it = cached.interaction
-            covered = len(it.messages) + 1
+            n = len(it.messages)
+            covered = n + 1
             parent_id: str | None = it.interaction_id
             messages_hash = Lineage.extend(cached.conversation_hash, messages[covered:])
             # The repeated messages are equal to the cached ones: keep one copy of them in
-            # memory (a long conversation's text is most of a cached turn's size).
-            messages[:covered] = [*it.messages, cast(dict[str, Any], it.response)]
+            # memory (a long conversation's text is most of a cached turn's size). The
+            # answer only where it was echoed exactly (else the client's form is rendered).
+            if messages[n] == it.response:
+                messages[:covered] = [*it.messages, cast(dict[str, Any], it.response)]
+            else:
+                messages[:n] = cast(list[dict[str, Any]], it.messages)
         else:
             parent_id, covered, messages_hash = live.lineage.locate(messages)
             cached = self.turns.get(sid, parent_id) if parent_id is not None else None
@@ -358,7 +364,12 @@ class SessionBook:
             prev.parent = self.store.interaction(parent_id)
             prev.reason = "not_cached"
         elif live.next_seq > 0:
-            prev.reason = "history_edited"
+            # A new chain in a session that has turns: a conversation's first turn (no
+            # earlier answer in it: a sub-agent, a side call such as a title, a new task, a
+            # compacted history), or a history whose answers are not the recorded ones (an
+            # earlier message edited or dropped, an answer replaced).
+            answered = any(m.get("role") == "assistant" for m in messages)
+            prev.reason = "history_edited" if answered else "new_conversation"
         prev.latest_state = latest.state if latest is not None else None
         return Turn(session, prev.parent, covered, messages_hash, prev)
 
@@ -499,6 +510,10 @@ def _extended(latest: CachedTurn | None, messages: list[dict[str, Any]]) -> Cach
     if not isinstance(it.messages, list) or not isinstance(it.response, dict):
         return None
     n = len(it.messages)
-    if len(messages) <= n + 1 or messages[n] != it.response or messages[:n] != it.messages:
+    if len(messages) <= n + 1 or messages[:n] != it.messages:
+        return None
+    # The answer as echoed: equal, or equal by meaning (the lineage's form: its tool calls'
+    # arguments re-serialized, its content null for "").
+    if messages[n] != it.response and canonical(messages[n]) != canonical(it.response):
         return None
     return latest
