@@ -106,7 +106,8 @@ class CreateResponseRequest(_Closed):
     input: str | list[dict[str, Any]] | None = Field(
         default=None,
         description="a string (one user message) or input items: message, function_call, "
-        "function_call_output, reasoning; optional with previous_response_id",
+        "function_call_output, custom_tool_call, custom_tool_call_output, reasoning; "
+        "optional with previous_response_id",
     )
     instructions: str | None = None
     previous_response_id: str | None = Field(
@@ -118,22 +119,34 @@ class CreateResponseRequest(_Closed):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    tools: list[dict[str, Any]] | None = Field(default=None, description="function tools only")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="function, namespace and custom tools; other (hosted) tools are left out "
+        "of the prompt and named in the x-areal-left-out header",
+    )
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = Field(
-        default=None, description="format: json_schema, json_object"
+        default=None, description="format: json_schema, json_object; verbosity (left out)"
     )
-    include: list[Literal["message.output_text.logprobs"]] | None = None
+    include: list[str] | None = Field(
+        default=None,
+        description="message.output_text.logprobs; reasoning.encrypted_content (always "
+        "null); hosted tools' outputs (left out)",
+    )
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     metadata: dict[str, Any] | None = None
     user: str | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = Field(
+        default=None,
+        description="effort -> chat_template_kwargs.reasoning_effort; summary: the reasoning text",
+    )
     truncation: Literal["disabled"] | None = None
     background: Literal[False] | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: str | None = Field(default=None, description="auto, default; others left out")
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    client_metadata: dict[str, Any] | None = None
 
 
 class ResponseObject(_Open):

@@ -2,8 +2,10 @@
 
 What the proxy answers for the translated chat body (`request.py`) becomes the Responses
 output: `reasoning_content` a reasoning item, `content` a message item (with the chat
-logprobs as its `output_text` logprobs when they were asked for), each of `tool_calls` a
-function_call item; `finish_reason: length` an `incomplete` response
+logprobs as its `output_text` logprobs when they were asked for), each of `tool_calls` the
+item of the tool the client declared under that chat name (tools.py: a `function_call`,
+with `namespace` for a namespaced tool's, or a `custom_tool_call`); `finish_reason: length`
+an `incomplete` response
 (`max_output_tokens`); the chat usage the Responses usage. The response id is the chat
 completion's (`chatcmpl-<hex>` -> `resp_<hex>`), so a recorded interaction's id names it.
 """
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 
 from areal_gateway.openai.responses.events import ResponseBuilder, new_id, usage_of_chat
+from areal_gateway.openai.responses.tools import Tools
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -38,8 +41,16 @@ def _logprobs(choice: dict[str, Any]) -> list[Any] | None:
     return None
 
 
-def whole(body: bytes, b: ResponseBuilder) -> bytes:
+def _begin(b: ResponseBuilder, tools: Tools, call_id: str, chat_name: str) -> bytes:
+    ref = tools.ref(chat_name)
+    return b.call_begin(
+        call_id, ref.name, namespace=ref.namespace, custom=ref.custom, chat_name=chat_name
+    )
+
+
+def whole(body: bytes, b: ResponseBuilder, tools: Tools | None = None) -> bytes:
     """The Responses object for a whole chat completion."""
+    tools = tools or Tools()
     doc = orjson.loads(body)
     b.id = response_id_of(doc.get("id"))
     choices = doc.get("choices") or [{}]
@@ -55,11 +66,9 @@ def whole(body: bytes, b: ResponseBuilder) -> bytes:
     for call in calls:
         fn = call.get("function") or {}
         args = fn.get("arguments")
-        b.call(
-            str(call.get("id") or new_id("call")),
-            str(fn.get("name") or ""),
-            args if isinstance(args, str) else orjson.dumps(args or {}).decode(),
-        )
+        _begin(b, tools, str(call.get("id") or new_id("call")), str(fn.get("name") or ""))
+        b.call_arguments(args if isinstance(args, str) else orjson.dumps(args or {}).decode())
+        b.close()
     b.finish(usage_of_chat(doc.get("usage")), _INCOMPLETE.get(choice.get("finish_reason") or ""))
     return orjson.dumps(b.response())
 
@@ -67,8 +76,9 @@ def whole(body: bytes, b: ResponseBuilder) -> bytes:
 class StreamTranslator:
     """Chat chunks in, Responses events out (`ResponseBuilder` frames them)."""
 
-    def __init__(self, b: ResponseBuilder) -> None:
+    def __init__(self, b: ResponseBuilder, tools: Tools | None = None) -> None:
         self.b = b
+        self.tools = tools or Tools()
         self.started = False
         self.finish_reason: str | None = None
         self.usage: Any = None
@@ -119,7 +129,7 @@ class StreamTranslator:
         if index != self._call_index or (cid and cid != self._call_id):
             self._call_index = index
             self._call_id = str(cid or new_id("call"))
-            out += b.call_begin(self._call_id, str(fn.get("name") or ""))
+            out += _begin(b, self.tools, self._call_id, str(fn.get("name") or ""))
         args = fn.get("arguments")
         if args:
             out += b.call_arguments(args if isinstance(args, str) else orjson.dumps(args).decode())

@@ -25,9 +25,9 @@ from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.forward import Endpoint, GenerationResponse, parse_model_and_stream
 from areal_gateway.openai.responses import chat
 from areal_gateway.openai.responses.events import ResponseBuilder, new_id
+from areal_gateway.openai.responses.items import output_to_items
 from areal_gateway.openai.responses.request import (
     Translated,
-    output_to_items,
     previous_id,
     refuse_unhonoured,
     translate,
@@ -76,15 +76,21 @@ class ResponsesGeneration(GenerationResponse):
             metadata=t.metadata,
             previous_response_id=t.previous_response_id,
             stream=stream,
+            summary=t.summary,
+            encrypted_content=t.encrypted_content,
         )
-        self.translator = chat.StreamTranslator(self.builder)
+        self.translator = chat.StreamTranslator(self.builder, t.tools)
+        header = t.left_out.header()
+        if header is not None:
+            self.extra_headers.append(header)
+        t.left_out.report(RESPONSES.label, request_id, gw.metrics.left_out)
         self._sse = b""  # an external model's event stream, not yet a whole event
 
     async def _finishing(self) -> None:
         b = self.builder
         if not self.t.store or b.status not in ("completed", "incomplete"):
             return
-        outputs = output_to_items(b.items)
+        outputs = output_to_items(b.items, b.chat_calls)
         response = orjson.dumps(b.response())
         size = entry_size(orjson.dumps(self.t.inputs), orjson.dumps(outputs), response)
         entry = Entry(
@@ -104,7 +110,7 @@ class ResponsesGeneration(GenerationResponse):
     # -- the translated output --
     def _result(self, body: bytes) -> bytes:
         try:
-            out = chat.whole(body, self.builder)
+            out = chat.whole(body, self.builder, self.t.tools)
         except (orjson.JSONDecodeError, AttributeError, TypeError, IndexError) as exc:
             raise UpstreamError(f"The model's answer is not a chat completion ({exc}).") from None
         return out

@@ -10,8 +10,13 @@ methods with `stream=False` (no events are serialized) and `whole()`.
 
 Output items: `message` (text in one `output_text` part, with logprobs when asked for),
 `reasoning` (the model's reasoning text as one `reasoning_text` content part; its summary
-stays empty, areal has no summarizer), `function_call` (arguments streamed as they come),
-and complete items added as they are (`function_call_output`, which only an agent runs).
+is empty, or, when the request asked for one, that same text as one `summary_text` part:
+areal has no summarizer, and the whole reasoning is the truest summary it can give; with
+`encrypted_content: null` when the request asked to include it), `function_call`
+(arguments streamed as they come; `namespace` for a namespaced tool's), `custom_tool_call`
+(its `input` taken from the chat call's arguments once they are whole, so its input events
+come at its end), and complete items added as they are (`function_call_output`, which only
+an agent runs).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import time
 from typing import Any
 
 import orjson
+
+from areal_gateway.openai.responses.tools import custom_input
 
 ZERO_USAGE: dict[str, Any] = {
     "input_tokens": 0,
@@ -85,6 +92,8 @@ class ResponseBuilder:
         previous_response_id: str | None = None,
         stream: bool = True,
         created_at: int | None = None,
+        summary: bool = False,
+        encrypted_content: bool = False,
     ) -> None:
         self.id = response_id
         self.model = model
@@ -104,6 +113,11 @@ class ResponseBuilder:
         self._open: dict[str, Any] | None = None
         self._pieces: list[str] = []
         self._logprobs: list[Any] = []
+        self.summary = summary
+        self.encrypted_content = encrypted_content
+        # Item id -> (chat function name, arguments) of each call, as the model produced it
+        # (a namespaced or custom tool's item names it otherwise).
+        self.chat_calls: dict[str, tuple[str, str]] = {}
 
     # -- framing --
     def ev(self, type_: str, **fields: Any) -> bytes:
@@ -210,39 +224,77 @@ class ResponseBuilder:
         """More of the model's reasoning (a new reasoning item when none is open)."""
         out = b""
         if self._open is None or self._open["kind"] != "reasoning":
-            item = {
+            item: dict[str, Any] = {
                 "id": new_id("rs"),
                 "type": "reasoning",
                 "summary": [],
                 "content": [],
                 "status": "in_progress",
             }
+            if self.encrypted_content:
+                item["encrypted_content"] = None
             out += self._add(item, "reasoning")
+            if self.summary:
+                out += self.ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
         self._pieces.append(delta)
-        return out + self.ev(
+        item_id = self._open["item"]["id"]  # type: ignore[index]
+        out += self.ev(
             "response.reasoning_text.delta",
-            item_id=self._open["item"]["id"],  # type: ignore[index]
+            item_id=item_id,
             output_index=self._index,
             content_index=0,
             delta=delta,
         )
+        if self.summary:
+            out += self.ev(
+                "response.reasoning_summary_text.delta",
+                item_id=item_id,
+                output_index=self._index,
+                summary_index=0,
+                delta=delta,
+            )
+        return out
 
-    def call_begin(self, call_id: str, name: str) -> bytes:
-        """A function call starts; its arguments follow through `call_arguments`."""
-        item = {
-            "id": new_id("fc"),
-            "type": "function_call",
-            "call_id": call_id,
-            "name": name,
-            "arguments": "",
-            "status": "in_progress",
-        }
-        return self._add(item, "call")
+    def call_begin(
+        self,
+        call_id: str,
+        name: str,
+        *,
+        namespace: str | None = None,
+        custom: bool = False,
+        chat_name: str | None = None,
+    ) -> bytes:
+        """A tool call starts; its arguments follow through `call_arguments`. `name` and
+        `namespace` as the client declared the tool; `chat_name` the chat function the model
+        called (`name` when not given); `custom`: a custom tool's call."""
+        item: dict[str, Any]
+        if custom:
+            item = {"id": new_id("ctc"), "type": "custom_tool_call", "call_id": call_id}
+        else:
+            item = {"id": new_id("fc"), "type": "function_call", "call_id": call_id}
+        item["name"] = name
+        if namespace is not None:
+            item["namespace"] = namespace
+        if custom:
+            item["input"] = ""
+        else:
+            item["arguments"] = ""
+            item["status"] = "in_progress"
+        self.chat_calls[item["id"]] = (chat_name or name, "")
+        return self._add(item, "custom" if custom else "call")
 
     def call_arguments(self, delta: str) -> bytes:
-        if self._open is None or self._open["kind"] != "call" or not delta:
+        if self._open is None or self._open["kind"] not in ("call", "custom") or not delta:
             return b""
         self._pieces.append(delta)
+        if self._open["kind"] == "custom":
+            return b""  # the input is known once the arguments are whole (close)
         return self.ev(
             "response.function_call_arguments.delta",
             item_id=self._open["item"]["id"],
@@ -250,9 +302,22 @@ class ResponseBuilder:
             delta=delta,
         )
 
-    def call(self, call_id: str, name: str, arguments: str) -> bytes:
-        """A whole function call."""
-        return self.call_begin(call_id, name) + self.call_arguments(arguments) + self.close()
+    def call(
+        self,
+        call_id: str,
+        name: str,
+        arguments: str,
+        *,
+        namespace: str | None = None,
+        custom: bool = False,
+        chat_name: str | None = None,
+    ) -> bytes:
+        """A whole tool call."""
+        return (
+            self.call_begin(call_id, name, namespace=namespace, custom=custom, chat_name=chat_name)
+            + self.call_arguments(arguments)
+            + self.close()
+        )
 
     def item(self, item: dict[str, Any]) -> bytes:
         """A complete item as it is (added and done at once)."""
@@ -273,7 +338,8 @@ class ResponseBuilder:
         item, kind, idx = open_["item"], open_["kind"], self._index
         text = "".join(self._pieces)
         self._pieces = []
-        item["status"] = "completed"
+        if kind != "custom":  # a custom tool call has no status
+            item["status"] = "completed"
         out = b""
         if kind == "message":
             logprobs, self._logprobs = self._logprobs, []
@@ -303,8 +369,41 @@ class ResponseBuilder:
                 content_index=0,
                 text=text,
             )
+            if self.summary:
+                part = {"type": "summary_text", "text": text}
+                item["summary"] = [part]
+                out += self.ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    summary_index=0,
+                    text=text,
+                )
+                out += self.ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    summary_index=0,
+                    part=part,
+                )
+        elif kind == "custom":
+            item["input"] = custom_input(text)
+            self.chat_calls[item["id"]] = (self.chat_calls[item["id"]][0], text)
+            out += self.ev(
+                "response.custom_tool_call_input.delta",
+                item_id=item["id"],
+                output_index=idx,
+                delta=item["input"],
+            )
+            out += self.ev(
+                "response.custom_tool_call_input.done",
+                item_id=item["id"],
+                output_index=idx,
+                input=item["input"],
+            )
         else:
             item["arguments"] = text
+            self.chat_calls[item["id"]] = (self.chat_calls[item["id"]][0], text)
             out += self.ev(
                 "response.function_call_arguments.done",
                 item_id=item["id"],
