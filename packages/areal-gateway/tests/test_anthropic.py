@@ -55,7 +55,7 @@ class Output:
 
 def _script(model: str, doc: dict[str, Any]) -> Output:
     last = doc["messages"][-1]
-    if model == "a-text":
+    if model in ("a-text", "a-template"):
         return Output(content="Hello there, friend.")
     if model == "a-reason":
         return Output(content="Four.", reasoning="Two and two make four.")
@@ -69,6 +69,9 @@ def _script(model: str, doc: dict[str, Any]) -> Output:
             calls=[("call_w1", "get_weather", '{"city": "Paris"}')],
             finish="tool_calls",
         )
+    if model == "a-deferred":
+        # A call to a tool the request deferred (defer_loading): not in the prompt's tools.
+        return Output(calls=[("call_d1", "load_skill", '{"name": "pdf"}')], finish="tool_calls")
     if model == "a-stop":
         # As the proxy does: the text ends before the first stop string; the tokens do not.
         generated = "one two STOP three END four"
@@ -99,6 +102,32 @@ class ScriptedProxy(
         self.bodies: list[dict[str, Any]] = []
         self.envelopes: list[Any] = []
         self.cancelled: list[str] = []
+        self.counted: list[dict[str, Any]] = []  # CountTokens bodies
+
+    async def _template_refuses(self, request: Any, context: Any) -> None:
+        """Model `a-template` has a chat template that refuses a system message after the
+        first, as the real proxy answers it (chat_template_error)."""
+        if request.envelope.model != "a-template":
+            return
+        doc = orjson.loads(request.body)
+        if any(m["role"] == "system" for m in doc["messages"][1:]):
+            await abort(
+                context,
+                InvalidRequest(
+                    "System message must be at the beginning.",
+                    code="chat_template_error",
+                    param="messages",
+                ),
+            )
+
+    async def CountTokens(self, request: Any, context: Any) -> Any:
+        await self._template_refuses(request, context)
+        doc = orjson.loads(request.body)
+        self.counted.append(doc)
+        self.envelopes.append(request.envelope)
+        # A stand-in for the tokenizer: one token per character of text, 100 per tool.
+        n = sum(len(m.get("content") or "") for m in doc["messages"])
+        return proxy_pb2.CountTokensResponse(input_tokens=n + 100 * len(doc.get("tools") or []))
 
     def _take(self, request: Any) -> tuple[dict[str, Any], Output]:
         doc = orjson.loads(request.body)
@@ -114,6 +143,7 @@ class ScriptedProxy(
             await abort(context, NoHealthyReplica("every replica is busy"))
         if request.envelope.model == "a-limited":
             await abort(context, Overloaded("too many requests in flight"))
+        await self._template_refuses(request, context)
         doc, out = self._take(request)
         message: dict[str, Any] = {"role": "assistant", "content": out.content}
         if out.reasoning:
@@ -137,6 +167,7 @@ class ScriptedProxy(
         return envelope_pb2.OpenAIResponse(body=orjson.dumps(body))
 
     async def ChatCompletionStream(self, request: Any, context: Any) -> Any:
+        await self._template_refuses(request, context)
         doc, out = self._take(request)
         rid = request.envelope.request_id
         cid = f"chatcmpl-{len(self.bodies):024x}"
@@ -186,7 +217,17 @@ class ScriptedProxy(
             raise
 
 
-MODELS = ("a-text", "a-reason", "a-length", "a-tool", "a-stop", "a-busy", "a-limited")
+MODELS = (
+    "a-text",
+    "a-reason",
+    "a-length",
+    "a-tool",
+    "a-stop",
+    "a-busy",
+    "a-limited",
+    "a-deferred",
+    "a-template",
+)
 
 
 @pytest.fixture(scope="module")
@@ -413,7 +454,7 @@ def test_other_fields_map_as_documented() -> None:
         ),
         (
             {"messages": [{"role": "tool", "content": "x"}]},
-            ["messages.0.role", "'user' or 'assistant'"],
+            ["messages.0.role", "'user', 'assistant' or 'system'"],
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "video", "x": 1}]}]},
@@ -439,18 +480,30 @@ def test_other_fields_map_as_documented() -> None:
             ["messages.0.content.0.tool_use_id", "answers no tool_use"],
         ),
         (
-            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-            ["tools.0.type", "server tools"],
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Sure"},
+                    {"role": "system", "content": "Be brief."},
+                ]
+            },
+            ["messages.1.role", "other than system messages", "prefill"],
+        ),
+        (
+            {"messages": [{"role": "system", "content": "Be brief."}]},
+            ["messages: needs a user message"],
         ),
         ({"tools": [{"name": "f"}]}, ["tools.0.input_schema"]),
-        ({"tool_choice": {"type": "any"}}, ["tool_choice", "needs 'tools'"]),
+        ({"tool_choice": {"type": "any"}}, ["tool_choice", "needs custom 'tools'"]),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
             ["no tool named 'nope'"],
         ),
-        ({"mcp_servers": [{"url": "x"}]}, ["mcp_servers", "MCP"]),
+        ({"diagnostics": {"x": 1}}, ["diagnostics", "not supported"]),
         ({"frequency_penalty": 1}, ["frequency_penalty", "Extra inputs are not permitted"]),
-        ({"output_config": {"effort": "high"}}, ["output_config.effort"]),
+        ({"output_config": {"effort": "extreme"}}, ["output_config.effort", "max"]),
+        ({"output_config": {"task_budget": 5}}, ["output_config.task_budget"]),
+        ({"thinking": {"type": "adaptive", "display": 1}}, ["thinking.display"]),
     ],
 )
 def test_bad_or_unhonoured_input_is_a_clear_400(patch: dict, words: list[str]) -> None:
@@ -790,18 +843,12 @@ def test_a_failure_mid_stream_is_an_error_event(stack: Stack, scripted: Scripted
             list(s)
 
 
-def test_other_methods_and_count_tokens(stack: Stack) -> None:
+def test_other_methods(stack: Stack) -> None:
     r = httpx.get(stack.url + "/v1/messages", headers={"x-api-key": ADMIN_KEY})
     _assert_error(r, 405, "invalid_request_error", "GET")
     assert r.headers["allow"] == "POST"
-    r = httpx.post(
-        stack.url + "/v1/messages/count_tokens",
-        json={"model": "a-text", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-api-key": ADMIN_KEY},
-    )
-    _assert_error(r, 404, "not_found_error", "count_tokens is not served")
-    r = httpx.post(stack.url + "/v1/messages/count_tokens", json={})
-    _assert_error(r, 401, "authentication_error")
+    r = httpx.get(stack.url + "/v1/messages/count_tokens", headers={"x-api-key": ADMIN_KEY})
+    _assert_error(r, 405, "invalid_request_error", "GET")
 
 
 # --- fuzz: no body is a 500, every error is Anthropic's shape -------------------------------
@@ -832,6 +879,7 @@ BLOCK = st.fixed_dictionaries(
         "input": st.just({"city": "x"}) | JSON,
         "content": st.text(max_size=5) | JSON,
         "thinking": st.text(max_size=5) | JSON,
+        "is_error": st.booleans() | JSON,
     },
 )
 MESSAGE = st.fixed_dictionaries(
@@ -847,13 +895,32 @@ BODY = st.fixed_dictionaries(
         "system": st.text(max_size=4) | st.lists(BLOCK, max_size=2) | JSON,
         "stream": st.booleans() | JSON,
         "stop_sequences": st.lists(st.text(max_size=3), max_size=5) | JSON,
-        "tools": st.lists(st.just(WEATHER) | JSON, max_size=2) | JSON,
+        "tools": st.lists(
+            st.sampled_from(
+                [
+                    WEATHER,
+                    {**WEATHER, "name": "later", "defer_loading": True},
+                    {"type": "web_search_20250305", "name": "web_search"},
+                ]
+            )
+            | JSON,
+            max_size=2,
+        )
+        | JSON,
         "tool_choice": st.sampled_from([{"type": "any"}, {"type": "tool", "name": "x"}]) | JSON,
         "thinking": st.just({"type": "enabled", "budget_tokens": 1024}) | JSON,
         "temperature": st.floats(-1, 2) | JSON,
         "top_k": st.integers(-2, 5) | JSON,
         "metadata": JSON,
-        "output_config": JSON,
+        "output_config": st.just({"effort": "high"}) | JSON,
+        "context_management": st.sampled_from(
+            [
+                {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                {"edits": [{"type": "clear_thinking_20251015"}]},
+                {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            ]
+        )
+        | JSON,
     },
 )
 

@@ -33,6 +33,7 @@ OPENAI_OPERATIONS = {
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
     ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{name}"),
 }
@@ -125,7 +126,7 @@ def _check_document(doc: dict[str, Any], gw: RunningGateway, expected: set) -> N
             url = path.replace("{name}", "m").replace("{proxy_id}", "p")
             url = url.replace("{response_id}", "resp_x")
             r = c.request(method, url.replace("{session_id}", "s"), content=b"{")
-            if path == "/v1/messages":  # Anthropic's error shape
+            if path.startswith("/v1/messages"):  # Anthropic's error shape
                 assert r.status_code == 401 and r.json()["type"] == "error", r.text
             else:
                 assert_error(r, 401, "missing_api_key")
@@ -225,6 +226,7 @@ def test_document_and_docs_page_need_no_key(stack: Stack) -> None:
         ("/v1/completions", "CompletionRequest"),
         ("/v1/responses", "CreateResponseRequest"),
         ("/v1/messages", "MessagesRequest"),
+        ("/v1/messages/count_tokens", "CountTokensRequest"),
     ):
         body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"}, path
@@ -256,7 +258,10 @@ def test_described_bodies_are_the_parsers_own_fields() -> None:
     from areal_gateway.openai.responses import request as responses_request
 
     assert set(shapes.CreateResponseRequest.model_fields) == responses_request._KNOWN
-    assert set(shapes.MessagesRequest.model_fields) == anthropic_request._KNOWN
+    # What the Messages parser takes: acted on or changing nothing, and left out.
+    taken = anthropic_request._KNOWN | set(anthropic_request._LEFT_OUT)
+    assert set(shapes.MessagesRequest.model_fields) == taken
+    assert set(shapes.CountTokensRequest.model_fields) == taken
 
 
 def test_agent_mode_document_needs_no_key(stack: Stack) -> None:

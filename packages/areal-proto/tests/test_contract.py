@@ -27,6 +27,7 @@ INFERENCE_PROXY = {
     "Completion",
     "CompletionStream",
     "Generate",
+    "CountTokens",
     "StartSessions",
     "EndSessions",
     "SetReward",

@@ -117,6 +117,9 @@ def described_routes(mode: str) -> list[Any]:
         _op(r, "POST", "/v1/messages", shapes.MessagesRequest, shapes.MessageObject,
             "Create a message (Anthropic; the key as x-api-key or a bearer)", "createMessage",
             stream=True, tags=["Anthropic: messages"])  # fmt: skip
+        _op(r, "POST", "/v1/messages/count_tokens", shapes.CountTokensRequest,
+            shapes.MessageTokensCount, "Count a message's input tokens (Anthropic)",
+            "countMessageTokens", tags=["Anthropic: messages"])  # fmt: skip
     else:
         turns = ["Agent: turns"]
         _op(r, "POST", "/v1/responses", AgentResponsesTurn, shapes.ResponseObject,

@@ -41,7 +41,6 @@ from areal_gateway.openai.responses import endpoint as responses
 from areal_gateway.runtime import Gateway
 from areal_runtime.errors import (
     InternalError,
-    NotFound,
     PayloadTooLarge,
     ServiceError,
     Unauthenticated,
@@ -61,8 +60,7 @@ _ENDPOINTS: dict[str, tuple[Endpoint, Any]] = {
     "/v1/responses": (responses.RESPONSES, None),
     "/responses": (responses.RESPONSES, None),
     "/v1/messages": (messages.MESSAGES, None),
-    # Anthropic's token counter needs the model's tokenizer, which only the proxy holds:
-    # answered here, in Anthropic's shape, as not served (docs/services.md).
+    # Anthropic's token counter: the model's own template and tokenizer, at a proxy of it.
     "/v1/messages/count_tokens": (messages.COUNT_TOKENS, None),
 }
 # Endpoints of Anthropic's API: key from x-api-key too, errors in Anthropic's shape.
@@ -210,11 +208,6 @@ class GenerationFastPath:
             principal = self._anthropic_principal(api_key, auth)
         else:
             principal = gw.auth.authenticate(bearer_key(auth))
-        if endpoint is messages.COUNT_TOKENS:
-            raise NotFound(
-                "POST /v1/messages/count_tokens is not served by areal (the tokenizer is the "
-                "proxy's); a /v1/messages answer's usage counts its tokens."
-            )
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
         if (
             endpoint in (CHAT, COMPLETIONS)
@@ -240,6 +233,8 @@ class GenerationFastPath:
             return await responses.prepare(gw, gw.responses, principal, choose_request_id(rid), doc)
         if endpoint is messages.MESSAGES:
             return messages.prepare(gw, principal, choose_request_id(rid), doc)
+        if endpoint is messages.COUNT_TOKENS:
+            return messages.prepare_count(gw, principal, choose_request_id(rid), doc)
         model, stream = parse_model_and_stream(doc)
         check(doc)
         return GenerationResponse(

@@ -311,6 +311,19 @@ class ProxyServicer(
         finally:
             self._streams.discard(stream)
 
+    async def CountTokens(self, request: Any, context: Any) -> proxy_pb2.CountTokensResponse:
+        """A chat body's prompt size (inference/count.py): rendered and tokenized, nothing
+        generated or recorded, so neither draining nor a paused engine holds it back."""
+        try:
+            n = await self.handler.count_tokens(request.body)
+        except Exception as e:
+            err = self._error(e)
+            self._count("CountTokens", str(err.http_status))
+            await abort(context, err)
+            raise AssertionError("unreachable") from e
+        self._count("CountTokens", "200")
+        return proxy_pb2.CountTokensResponse(input_tokens=n)
+
     async def ContinueGeneration(self, request: Any, context: Any) -> None:  # type: ignore[override]
         """Another replica's request continued on this proxy's engine (migration.py)."""
         # The bookkeeping of every generation (draining refusal, deadline, metrics, errors)

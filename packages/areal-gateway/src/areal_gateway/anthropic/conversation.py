@@ -3,8 +3,11 @@
 A user turn's `tool_result` blocks become `tool` messages (in order, before the turn's text),
 its text blocks one `user` message; an assistant turn's `thinking`, `text` and `tool_use`
 blocks become one assistant message (`reasoning_content`, `content`, `tool_calls`), as the
-model produced it. Blocks only Anthropic's servers can fill or read, and non-text media, are
-a 400 naming the block and why.
+model produced it; a `system` message (Claude Code sends one after its first user turn) a
+chat `system` message in place. A tool result with `is_error: true` reads as an error to the
+model: its text starts with "Error: " (unless it already starts with "error", any case).
+Blocks only Anthropic's servers can fill or read, and non-text media, are a 400 naming the
+block and why.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from areal_gateway.anthropic import tool_reference
 from areal_gateway.anthropic.errors import invalid, unsupported
 
 _NOT_TEXT = "this model takes text only"
@@ -122,7 +126,50 @@ def _assistant(blocks: list[dict[str, Any]], path: str) -> tuple[dict[str, Any],
     return msg, {c["id"] for c in calls}
 
 
-def _user(blocks: list[dict[str, Any]], path: str, open_calls: set[str]) -> list[dict[str, Any]]:
+ERROR_PREFIX = "Error: "
+
+
+def error_text(content: str) -> str:
+    """A failed tool's result as the model reads it. A chat template's tool message has no
+    error flag, so the text says it, the way tools' own errors usually read; a result that
+    already starts with "error" says it already. The same result renders the same on every
+    turn, so the recorded prompt stays what the next turn continues."""
+    if content.lstrip()[:5].lower() == "error":
+        return content
+    return ERROR_PREFIX + content if content else ERROR_PREFIX.rstrip(": ")
+
+
+def _tool_result_text(content: Any, path: str, tools: dict[str, dict[str, Any]]) -> str:
+    """A tool result's text: its text blocks, then the tools its `tool_reference` blocks
+    load (tool_reference.py)."""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    refs: list[tuple[str, str]] = []
+    for j, b in enumerate(content_blocks(content, path)):
+        at = f"{path}.{j}"
+        if b["type"] == "text":
+            texts.append(_text_of(b, at))
+        elif b["type"] == "tool_reference":
+            refs.append((string_field(b.get("tool_name"), f"{at}.tool_name", empty=False), at))
+        else:
+            raise invalid(
+                f"{at}.type",
+                f"a tool result takes text and tool_reference blocks only, not {b['type']!r}",
+            )
+    text = "\n".join(texts)
+    if not refs:
+        return text
+    loaded = tool_reference.expand(refs, tools)
+    return f"{text}\n{loaded}" if text else loaded
+
+
+def _user(
+    blocks: list[dict[str, Any]],
+    path: str,
+    open_calls: set[str],
+    tools: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
     """One user turn -> its tool results as `tool` messages, then its text as a user message."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
@@ -140,15 +187,12 @@ def _user(blocks: list[dict[str, Any]], path: str, open_calls: set[str]) -> list
                     f"{p}.tool_use_id",
                     f"{tid!r} answers no tool_use block of the assistant message just before",
                 )
-            content = block.get("content", "")
-            if not isinstance(content, str):
-                content = text_of_blocks(
-                    content_blocks(content, f"{p}.content"), f"{p}.content", "a tool result"
-                )
-            # `is_error` has no place in a chat template's tool message: the content is the
-            # error's text, which is what the model reads.
-            if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+            content = _tool_result_text(block.get("content", ""), f"{p}.content", tools)
+            is_error = block.get("is_error")
+            if is_error is not None and not isinstance(is_error, bool):
                 raise invalid(f"{p}.is_error", "must be a boolean")
+            if is_error:
+                content = error_text(content)
             out.append({"role": "tool", "tool_call_id": tid, "content": content})
         elif kind in ("tool_use", "thinking"):
             raise invalid(f"{p}.type", f"{kind} blocks belong in an assistant message")
@@ -162,7 +206,9 @@ def _user(blocks: list[dict[str, Any]], path: str, open_calls: set[str]) -> list
     return out
 
 
-def to_messages(raw: Any) -> list[dict[str, Any]]:
+def to_messages(raw: Any, tools: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The chat messages of `messages`; `tools`: the request's custom tools by name (their
+    chat `function`), deferred ones included, which `tool_reference` blocks may load."""
     if raw is None:
         raise invalid("messages", "Field required")
     if not isinstance(raw, list) or not raw:
@@ -178,25 +224,39 @@ def to_messages(raw: Any) -> list[dict[str, Any]]:
             raise invalid(f"{p}.content", "Field required")
         blocks = content_blocks(m["content"], f"{p}.content")
         if role == "user":
-            messages.extend(_user(blocks, f"{p}.content", open_calls))
+            messages.extend(_user(blocks, f"{p}.content", open_calls, tools or {}))
             open_calls = set()
         elif role == "assistant":
             msg, open_calls = _assistant(blocks, f"{p}.content")
             messages.append(msg)
         elif role == "system":
+            # In place: where the harness put it is what the model reads (the chat template
+            # decides how; one that refuses a system message after the first is a 400 from
+            # the proxy, `chat_template_error`). A tool_use before it still awaits its result.
             messages.append(
                 {
                     "role": "system",
                     "content": text_of_blocks(blocks, f"{p}.content", "a system message"),
                 }
             )
-            open_calls = set()
         else:
-            raise invalid(f"{p}.role", f"must be 'user' or 'assistant', not {role!r}")
-    if raw[-1].get("role") != "user":
+            raise invalid(f"{p}.role", f"must be 'user', 'assistant' or 'system', not {role!r}")
+    last = _last_turn(raw)
+    if last is None:
+        raise invalid("messages", "needs a user message to answer (only system messages sent)")
+    if raw[last].get("role") != "user":
         raise invalid(
-            f"messages.{len(raw) - 1}.role",
-            "the last message must be a user message: areal does not continue a partial "
-            "assistant message (prefill); end with the user turn to be answered",
+            f"messages.{last}.role",
+            "the last message other than system messages must be a user message: areal does "
+            "not continue a partial assistant message (prefill: a recorded turn must be what "
+            "the model sampled from the prompt); end with the user turn to be answered",
         )
     return messages
+
+
+def _last_turn(raw: list[Any]) -> int | None:
+    """The index of the last message that is not a `system` message."""
+    for i in range(len(raw) - 1, -1, -1):
+        if raw[i].get("role") != "system":
+            return i
+    return None

@@ -6,16 +6,21 @@ What is translated (docs/services.md, "Anthropic Messages API", has the tables):
   `tool_result` blocks -> `tool` messages (in order, before the turn's text), its text blocks
   -> one `user` message; an assistant turn's `thinking`, `text` and `tool_use` blocks -> one
   assistant message (`reasoning_content`, `content`, `tool_calls`), as the model produced it;
+  a `system` message among them -> a chat `system` message in place (conversation.py);
 - `max_tokens` (required), `temperature`, `top_p`, `top_k`, `stop_sequences` -> `stop`;
-- `tools` (`name`, `description`, `input_schema`) -> function tools; `tool_choice` `auto` /
-  `any` / `tool` / `none` -> `auto` / `required` / a named function / `none`, and
-  `disable_parallel_tool_use` -> `parallel_tool_calls: false`;
+- `tools` and `tool_choice` (tools.py): custom tools -> function tools, deferred ones and
+  server tools left out of the prompt;
 - `thinking` `enabled` / `disabled` -> `chat_template_kwargs.enable_thinking` (what
-  reasoning templates read; others ignore it); `output_config.format` -> `response_format`.
+  reasoning templates read; others ignore it), `output_config.effort` ->
+  `chat_template_kwargs.reasoning_effort` (likewise); `output_config.format` ->
+  `response_format`;
+- `context_management`: accepted where its edits remove nothing (context_management.py).
 
-Whatever areal cannot honour is a 400 naming the field and why (images, documents, server
-tools, prefill, ...); `metadata.user_id`, `service_tier`, `cache_control` (the engine's prefix
-cache is automatic) change no output and are accepted.
+What would change the recording or what areal cannot read is a 400 naming the field and why
+(images, documents, prefill, encrypted thinking, ...); what areal truly cannot do but can
+leave out of the prompt (server tools) is left out and reported (left_out.py);
+`metadata.user_id`, `service_tier`, `cache_control` (the engine's prefix cache is
+automatic), `thinking.display` change no output and are accepted.
 """
 
 from __future__ import annotations
@@ -23,13 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_gateway.anthropic.conversation import (
-    content_blocks,
-    string_field,
-    text_of_blocks,
-    to_messages,
-)
+from areal_gateway.anthropic import context_management
+from areal_gateway.anthropic.conversation import content_blocks, text_of_blocks, to_messages
 from areal_gateway.anthropic.errors import invalid, unsupported
+from areal_gateway.anthropic.tools import Tools, translate_tool_choice, translate_tools
+from areal_gateway.left_out import LeftOut
 from areal_runtime.openai import read_head
 
 # The proxy's limit on `stop` (areal_runtime.openai.fields.MAX_STOP).
@@ -56,16 +59,23 @@ _KNOWN = frozenset(
         "output_config",
         "inference_geo",
         "speed",
+        "context_management",
     }
 )
 # Known to Anthropic, refused here, and why.
 _REFUSED = {
-    "container": "areal runs no code-execution containers",
-    "mcp_servers": "areal connects to no MCP servers (define their tools as custom tools)",
-    "context_management": "areal edits no context; send the conversation you want answered",
     "diagnostics": "areal has no diagnostics to return",
 }
-# Content blocks only Anthropic's servers can fill or read, refused with this reason.
+# Known to Anthropic, hosted by Anthropic: left out (with the server tools they serve), and why.
+_LEFT_OUT = {
+    "container": ("container", "areal runs no code-execution containers"),
+    "mcp_servers": (
+        "mcp_servers",
+        "areal connects to no MCP servers (define their tools as custom tools to offer them)",
+    ),
+}
+# `output_config.effort` values (Anthropic's), passed on as the template's reasoning effort.
+EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 
 
 @dataclass(slots=True)
@@ -76,73 +86,12 @@ class Translated:
     model: str
     stream: bool
     stop_sequences: list[str] = field(default_factory=list)
-
-
-# --- tools --------------------------------------------------------------------------------
-
-_TOOL_KEYS = frozenset({"type", "name", "description", "input_schema", "cache_control", "strict"})
-
-
-def _tools(raw: Any) -> list[dict[str, Any]]:
-    if not isinstance(raw, list):
-        raise invalid("tools", "must be an array of tools")
-    out = []
-    for i, tool in enumerate(raw):
-        p = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise invalid(p, "a tool must be an object")
-        kind = tool.get("type")
-        if kind not in (None, "custom"):
-            raise unsupported(
-                f"{p}.type",
-                f"tool type {kind!r} is not supported: areal runs no server tools and knows "
-                "no built-in tool's schema; define it as a custom tool with an input_schema",
-            )
-        for key, value in tool.items():
-            if key not in _TOOL_KEYS and value is not None:
-                raise unsupported(f"{p}.{key}", "is not supported by areal")
-        name = string_field(tool.get("name"), f"{p}.name", empty=False)
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise invalid(f"{p}.input_schema", "must be a JSON schema object")
-        fn: dict[str, Any] = {"name": name, "parameters": schema}
-        if tool.get("description") is not None:
-            fn["description"] = string_field(tool["description"], f"{p}.description")
-        if tool.get("strict") is not None:
-            if not isinstance(tool["strict"], bool):
-                raise invalid(f"{p}.strict", "must be a boolean")
-            fn["strict"] = tool["strict"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(raw: Any, names: set[str], chat: dict[str, Any]) -> None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise invalid("tool_choice", "must be an object with a 'type'")
-    kind = raw["type"]
-    if kind == "auto":
-        choice: Any = "auto"
-    elif kind == "any":
-        choice = "required"
-    elif kind == "none":
-        choice = "none"
-    elif kind == "tool":
-        name = string_field(raw.get("name"), "tool_choice.name", empty=False)
-        if name not in names:
-            raise invalid("tool_choice.name", f"no tool named {name!r} in 'tools'")
-        choice = {"type": "function", "function": {"name": name}}
-    else:
-        raise invalid("tool_choice.type", "must be 'auto', 'any', 'tool' or 'none'")
-    if kind in ("any", "tool") and not names:
-        raise invalid("tool_choice", f"tool_choice {kind!r} needs 'tools'")
-    disable = raw.get("disable_parallel_tool_use")
-    if disable is not None:
-        if not isinstance(disable, bool):
-            raise invalid("tool_choice.disable_parallel_tool_use", "must be a boolean")
-        if disable:
-            chat["parallel_tool_calls"] = False
-    if names:
-        chat["tool_choice"] = choice
+    # What was left out of the prompt (server tools, ...), said in the answer's header.
+    left_out: LeftOut = field(default_factory=LeftOut)
+    # The request had `context_management`: the answer says which edits applied (none).
+    context_management: bool = False
+    # Indices of the `system` messages inside `messages` (named if the template refuses one).
+    system_at: list[int] = field(default_factory=list)
 
 
 # --- the request --------------------------------------------------------------------------
@@ -187,17 +136,28 @@ def _stop_sequences(raw: Any) -> list[str]:
     return raw
 
 
+def _template_kwarg(chat: dict[str, Any], key: str, value: Any) -> None:
+    chat.setdefault("chat_template_kwargs", {})[key] = value
+
+
 def _thinking(raw: Any, chat: dict[str, Any]) -> None:
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise invalid("thinking", "must be an object with a 'type'")
     kind = raw["type"]
     if kind == "enabled":
         _int(raw, "budget_tokens", 1)
-        chat["chat_template_kwargs"] = {"enable_thinking": True}
+        _template_kwarg(chat, "enable_thinking", True)
     elif kind == "disabled":
-        chat["chat_template_kwargs"] = {"enable_thinking": False}
+        _template_kwarg(chat, "enable_thinking", False)
     elif kind not in ("adaptive", "between_tools"):
         raise invalid("thinking.type", "must be 'enabled', 'disabled' or 'adaptive'")
+    # `display` ('summarized', 'omitted') says how much of the thinking Anthropic shows; areal
+    # has no summarizer and no encrypted signature to carry hidden thinking to the next turn,
+    # so it always answers the thinking in full: a client that echoes it back sends the
+    # conversation the model saw, and the next prompt continues the recorded one.
+    display = raw.get("display")
+    if display is not None and not isinstance(display, str):
+        raise invalid("thinking.display", "must be a string ('summarized' or 'omitted')")
 
 
 def _output_config(raw: Any, chat: dict[str, Any]) -> None:
@@ -205,6 +165,15 @@ def _output_config(raw: Any, chat: dict[str, Any]) -> None:
         raise invalid("output_config", "must be an object")
     for key, value in raw.items():
         if value is None:
+            continue
+        if key == "effort":
+            if value not in EFFORTS:
+                raise invalid(
+                    "output_config.effort", f"must be one of {', '.join(sorted(EFFORTS))}"
+                )
+            # What templates with an effort knob read (gpt-oss's `reasoning_effort`); a
+            # template without one never reads it, so it changes nothing there.
+            _template_kwarg(chat, "reasoning_effort", value)
             continue
         if key != "format":
             raise unsupported(f"output_config.{key}", "is not supported by areal")
@@ -221,7 +190,7 @@ def _output_config(raw: Any, chat: dict[str, Any]) -> None:
 
 def _refuse_unhonoured(doc: dict[str, Any]) -> None:
     for key, value in doc.items():
-        if value is None or key in _KNOWN:
+        if value is None or key in _KNOWN or key in _LEFT_OUT:
             continue
         why = _REFUSED.get(key)
         if why is not None:
@@ -240,18 +209,30 @@ def _refuse_unhonoured(doc: dict[str, Any]) -> None:
                 raise invalid("metadata.user_id", "must be a string")
 
 
-def translate(doc: dict[str, Any]) -> Translated:
-    """Check a Messages body and translate it to a chat body (or raise a 400)."""
+def translate(doc: dict[str, Any], *, counting: bool = False) -> Translated:
+    """Check a Messages body and translate it to a chat body (or raise a 400). `counting`:
+    the body of `/v1/messages/count_tokens`, where `max_tokens` is not required and nothing
+    streams."""
     head = read_head(doc)
     _refuse_unhonoured(doc)
     max_tokens = _int(doc, "max_tokens", 1)
-    if max_tokens is None:
+    if max_tokens is None and not counting:
         raise invalid("max_tokens", "Field required")
-    messages = to_messages(doc.get("messages"))
+    if doc.get("context_management") is not None:
+        context_management.check(doc["context_management"], doc.get("messages"))
+    left_out = LeftOut()
+    for key, (what, why) in _LEFT_OUT.items():
+        if doc.get(key) is not None:
+            left_out.add(key, what, why)
+    tools = translate_tools(doc["tools"], left_out) if doc.get("tools") is not None else Tools()
+    messages = to_messages(doc.get("messages"), tools.defined)
     if doc.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _system(doc["system"])})
-    chat: dict[str, Any] = {"model": head.model, "messages": messages, "max_tokens": max_tokens}
-    if head.stream:
+    chat: dict[str, Any] = {"model": head.model, "messages": messages}
+    if max_tokens is not None:
+        chat["max_tokens"] = max_tokens
+    stream = head.stream and not counting
+    if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     for key, hi in (("temperature", 1.0), ("top_p", 1.0)):
@@ -269,16 +250,21 @@ def translate(doc: dict[str, Any]) -> Translated:
             # Which sequence stopped the answer is not in a chat answer; the generated
             # tokens are (their bytes run past the cut), so the answer's logprobs tell.
             chat["logprobs"] = True
-    names: set[str] = set()
-    if doc.get("tools") is not None:
-        tools = _tools(doc["tools"])
-        if tools:
-            chat["tools"] = tools
-            names = {t["function"]["name"] for t in tools}
+    if tools.chat:
+        chat["tools"] = tools.chat
     if doc.get("tool_choice") is not None:
-        _tool_choice(doc["tool_choice"], names, chat)
+        names = {t["function"]["name"] for t in tools.chat}
+        translate_tool_choice(doc["tool_choice"], names, tools.deferred, chat)
     if doc.get("thinking") is not None:
         _thinking(doc["thinking"], chat)
     if doc.get("output_config") is not None:
         _output_config(doc["output_config"], chat)
-    return Translated(chat=chat, model=head.model, stream=head.stream, stop_sequences=stops)
+    return Translated(
+        chat=chat,
+        model=head.model,
+        stream=stream,
+        stop_sequences=stops,
+        left_out=left_out,
+        context_management=doc.get("context_management") is not None,
+        system_at=[i for i, m in enumerate(doc["messages"]) if m.get("role") == "system"],
+    )

@@ -13,6 +13,10 @@ stop sequences) run past the cut. The stop sequence that occurs first in them (t
 listed at the same place: the proxy's own rule) is the one that stopped the answer; none
 there means the model ended it itself.
 
+A request with `context_management` (accepted only when its edits remove nothing:
+context_management.py) gets `context_management: {"applied_edits": []}`, on the Message and
+on a stream's `message_delta`, as Anthropic answers it.
+
 The message id is the chat completion's (`chatcmpl-<hex>` -> `msg_<hex>`), so a recorded
 interaction's id names the message. A stream's `message_start` carries `input_tokens: 0`:
 the prompt's size comes with the chat stream's last chunk, and `message_delta` carries it
@@ -25,6 +29,9 @@ import os
 from typing import Any
 
 import orjson
+
+# What the answer to a request with `context_management` says: no edit was applied.
+NO_EDITS: dict[str, Any] = {"applied_edits": []}
 
 STOP_REASONS = {
     "stop": "end_turn",
@@ -126,7 +133,7 @@ def message(
     }
 
 
-def whole(body: bytes, model: str, stops: list[str]) -> bytes:
+def whole(body: bytes, model: str, stops: list[str], context_management: bool = False) -> bytes:
     """The Message for a whole chat completion."""
     doc = orjson.loads(body)
     choice = (doc.get("choices") or [{}])[0]
@@ -150,6 +157,8 @@ def whole(body: bytes, model: str, stops: list[str]) -> bytes:
         )
     stop = stop_of(choice.get("finish_reason"), stops, token_bytes(choice))
     out = message(message_id_of(doc.get("id")), model, content, stop, usage_of(doc.get("usage")))
+    if context_management:
+        out["context_management"] = NO_EDITS
     return orjson.dumps(out)
 
 
@@ -161,9 +170,10 @@ class StreamTranslator:
     """Chat chunks in, Messages events out: message_start (and a ping), per content block
     content_block_start / _delta... / _stop, then message_delta and message_stop."""
 
-    def __init__(self, model: str, stops: list[str]) -> None:
+    def __init__(self, model: str, stops: list[str], context_management: bool = False) -> None:
         self.model = model
         self.stops = stops
+        self.context_management = context_management
         self.started = False
         self.finish: str | None = None
         self.usage: Any = None
@@ -256,11 +266,11 @@ class StreamTranslator:
             out += self._open_block("text", {"type": "text", "text": ""})
         out += self._close_block()
         reason, sequence = stop_of(self.finish, self.stops, bytes(self._generated))
-        out += event(
-            "message_delta",
-            {
-                "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": usage_of(self.usage),
-            },
-        )
+        delta: dict[str, Any] = {
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": usage_of(self.usage),
+        }
+        if self.context_management:
+            delta["context_management"] = NO_EDITS
+        out += event("message_delta", delta)
         return out + event("message_stop", {})

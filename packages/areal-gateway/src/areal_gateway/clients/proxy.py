@@ -286,6 +286,10 @@ class ProxyClient:
             "CompletionStream": channel.unary_stream(
                 _SERVICE + "CompletionStream", response_deserializer=chunk
             ),
+            "CountTokens": channel.unary_unary(
+                _SERVICE + "CountTokens",
+                response_deserializer=proxy_pb2.CountTokensResponse.FromString,
+            ),
         }
         self._md = tuple(md)
         self._mux: GenerateStream | None = None
@@ -437,6 +441,23 @@ class ProxyClient:
         self, request: GenerationRequest, timeout_s: float | None
     ) -> AsyncIterator[list[bytes]]:
         return self._chunks(_COMPLETION, "CompletionStream", request, timeout_s)
+
+    async def count_tokens(self, request: GenerationRequest, timeout_s: float | None) -> int:
+        """The prompt size of a chat request (`CountTokens`): rendered and tokenized by the
+        proxy, nothing generated or recorded. One call of its own, never on the shared
+        stream (which carries generations only)."""
+        await ensure_connected(self._channel, self.address, min(timeout_s or 3600.0, 5.0))
+        call = self._method("CountTokens", request)(
+            request, timeout=timeout_s, metadata=tracing.metadata(self._md)
+        )
+        try:
+            resp = await call
+        except grpc.RpcError as exc:
+            raise proxy_error(exc, self.address, started=True) from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        return int(resp.input_tokens)
 
     async def close(self, grace: float | None = None) -> None:
         if self._mux is not None:

@@ -498,6 +498,7 @@ class GenerationResponse(Response):
                     "headers": [
                         (b"content-type", (ctype or "application/json").encode("latin-1")),
                         (b"x-request-id", self.request_id.encode()),
+                        *self.extra_headers,
                     ],
                 }
             )

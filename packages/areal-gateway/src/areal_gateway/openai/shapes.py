@@ -191,16 +191,13 @@ class ModelObjectList(_Closed):
 
 
 class AnthropicMessage(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
-class MessagesRequest(_Closed):
-    """`POST /v1/messages`: Anthropic's Messages body (key as `x-api-key` or a bearer)."""
-
+class _MessagesBody(_Closed):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
     system: str | list[dict[str, Any]] | None = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0, le=1)
@@ -216,6 +213,32 @@ class MessagesRequest(_Closed):
     output_config: dict[str, Any] | None = None
     inference_geo: str | None = None
     speed: Literal["standard"] | None = None
+    context_management: dict[str, Any] | None = Field(
+        default=None, description="accepted where its edits remove nothing (no edit is applied)"
+    )
+    mcp_servers: list[dict[str, Any]] | None = Field(
+        default=None, description="left out (x-areal-left-out): areal connects to no MCP server"
+    )
+    container: str | dict[str, Any] | None = Field(
+        default=None, description="left out (x-areal-left-out): areal runs no container"
+    )
+
+
+class MessagesRequest(_MessagesBody):
+    """`POST /v1/messages`: Anthropic's Messages body (key as `x-api-key` or a bearer)."""
+
+    max_tokens: int = Field(ge=1)
+
+
+class CountTokensRequest(_MessagesBody):
+    """`POST /v1/messages/count_tokens`: a Messages body (`max_tokens` not needed), counted
+    with the model's own chat template and tokenizer; nothing is generated or recorded."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class MessageTokensCount(_Closed):
+    input_tokens: int = Field(description="the prompt's tokens, generation prompt included")
 
 
 class MessageObject(_Open):

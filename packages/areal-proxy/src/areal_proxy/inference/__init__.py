@@ -10,14 +10,14 @@ from collections.abc import AsyncGenerator
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy.generation import GenerationRecord
-from areal_proxy.inference import chat, completion
+from areal_proxy.inference import chat, completion, count
 from areal_proxy.inference.core import FALLBACK_MAX_TOKENS, InferenceConfig, InferenceCore
 
 __all__ = ["FALLBACK_MAX_TOKENS", "InferenceConfig", "InferenceHandler"]
 
 
 class InferenceHandler(InferenceCore):
-    """The four generation RPCs' handlers."""
+    """The four generation RPCs' handlers, and CountTokens'."""
 
     async def chat(
         self, body: bytes, env: Envelope | None = None
@@ -36,3 +36,6 @@ class InferenceHandler(InferenceCore):
         self, body: bytes, env: Envelope | None = None
     ) -> AsyncGenerator[bytes, None]:
         return completion.stream(self, body, env)
+
+    async def count_tokens(self, body: bytes) -> int:
+        return await count.count_tokens(self, body)

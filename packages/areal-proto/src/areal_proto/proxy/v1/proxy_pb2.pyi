@@ -584,6 +584,26 @@ class RetireResponse(_message.Message):
 Global___RetireResponse: _TypeAlias = RetireResponse  # noqa: Y015
 
 @_typing.final
+class CountTokensResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    input_tokens: _builtins.int
+    """Prompt tokens, the generation prompt included (a chat answer's usage.prompt_tokens)."""
+    def __init__(
+        self,
+        *,
+        input_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountTokensResponse: _TypeAlias = CountTokensResponse  # noqa: Y015
+
+@_typing.final
 class GetStatsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -62,6 +62,11 @@ class InferenceProxyServiceStub:
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
                 response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
                 _registered_method=True)
+        self.CountTokens = channel.unary_unary(
+                '/areal.proxy.v1.InferenceProxyService/CountTokens',
+                request_serializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
+                response_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CountTokensResponse.FromString,
+                _registered_method=True)
         self.StartSessions = channel.unary_unary(
                 '/areal.proxy.v1.InferenceProxyService/StartSessions',
                 request_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.StartSessionsRequest.SerializeToString,
@@ -166,6 +171,18 @@ class InferenceProxyServiceServicer:
         is open, so a caller knows the stream reached it before sending work.
         Every inference proxy serves it: gateway and proxy ship together, so the
         gateway has no fallback for a proxy without it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CountTokens(self, request, context):
+        """The size of a chat request's prompt: the chat body (`envelope` + `body`, as
+        ChatCompletion takes it) rendered with this model's chat template and tokenized with
+        its tokenizer, exactly as a generation would build it without a session. Nothing is
+        generated or recorded (the gateway's `POST /v1/messages/count_tokens`). Errors are
+        those of ChatCompletion before generation (a 400 for a body or template that
+        refuses), as gRPC statuses with an ErrorDetail.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -295,6 +312,11 @@ def add_InferenceProxyServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.FromString,
                     response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.SerializeToString,
+            ),
+            'CountTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountTokens,
+                    request_deserializer=areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.FromString,
+                    response_serializer=areal_dot_proxy_dot_v1_dot_proxy__pb2.CountTokensResponse.SerializeToString,
             ),
             'StartSessions': grpc.unary_unary_rpc_method_handler(
                     servicer.StartSessions,
@@ -494,6 +516,33 @@ class InferenceProxyService:
             '/areal.proxy.v1.InferenceProxyService/Generate',
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateFrames.SerializeToString,
             areal_dot_proxy_dot_v1_dot_proxy__pb2.GenerateResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.proxy.v1.InferenceProxyService/CountTokens',
+            areal_dot_common_dot_v1_dot_envelope__pb2.OpenAIRequest.SerializeToString,
+            areal_dot_proxy_dot_v1_dot_proxy__pb2.CountTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

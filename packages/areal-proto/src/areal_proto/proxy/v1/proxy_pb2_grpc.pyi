@@ -65,6 +65,14 @@ class InferenceProxyServiceStub:
     Every inference proxy serves it: gateway and proxy ship together, so the
     gateway has no fallback for a proxy without it.
     """
+    CountTokens: _grpc.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _proxy_pb2.CountTokensResponse]
+    """The size of a chat request's prompt: the chat body (`envelope` + `body`, as
+    ChatCompletion takes it) rendered with this model's chat template and tokenized with
+    its tokenizer, exactly as a generation would build it without a session. Nothing is
+    generated or recorded (the gateway's `POST /v1/messages/count_tokens`). Errors are
+    those of ChatCompletion before generation (a 400 for a body or template that
+    refuses), as gRPC statuses with an ErrorDetail.
+    """
     StartSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]
     """RL sessions, rewards and trajectories."""
     EndSessions: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.EndSessionsRequest, _proxy_pb2.EndSessionsResponse]
@@ -132,6 +140,14 @@ class InferenceProxyServiceAsyncStub(InferenceProxyServiceStub):
     is open, so a caller knows the stream reached it before sending work.
     Every inference proxy serves it: gateway and proxy ship together, so the
     gateway has no fallback for a proxy without it.
+    """
+    CountTokens: _aio.UnaryUnaryMultiCallable[_envelope_pb2.OpenAIRequest, _proxy_pb2.CountTokensResponse]  # type: ignore[assignment]
+    """The size of a chat request's prompt: the chat body (`envelope` + `body`, as
+    ChatCompletion takes it) rendered with this model's chat template and tokenized with
+    its tokenizer, exactly as a generation would build it without a session. Nothing is
+    generated or recorded (the gateway's `POST /v1/messages/count_tokens`). Errors are
+    those of ChatCompletion before generation (a 400 for a body or template that
+    refuses), as gRPC statuses with an ErrorDetail.
     """
     StartSessions: _aio.UnaryUnaryMultiCallable[_proxy_pb2.StartSessionsRequest, _proxy_pb2.StartSessionsResponse]  # type: ignore[assignment]
     """RL sessions, rewards and trajectories."""
@@ -227,6 +243,20 @@ class InferenceProxyServiceServicer(metaclass=_abc_1.ABCMeta):
         is open, so a caller knows the stream reached it before sending work.
         Every inference proxy serves it: gateway and proxy ship together, so the
         gateway has no fallback for a proxy without it.
+        """
+
+    @_abc_1.abstractmethod
+    def CountTokens(
+        self,
+        request: _envelope_pb2.OpenAIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.CountTokensResponse, _abc.Awaitable[_proxy_pb2.CountTokensResponse]]:
+        """The size of a chat request's prompt: the chat body (`envelope` + `body`, as
+        ChatCompletion takes it) rendered with this model's chat template and tokenized with
+        its tokenizer, exactly as a generation would build it without a session. Nothing is
+        generated or recorded (the gateway's `POST /v1/messages/count_tokens`). Errors are
+        those of ChatCompletion before generation (a 400 for a body or template that
+        refuses), as gRPC statuses with an ErrorDetail.
         """
 
     @_abc_1.abstractmethod
