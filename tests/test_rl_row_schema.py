@@ -25,6 +25,7 @@ import pytest
 from fastapi import FastAPI
 from testpaths import ROOT
 
+from areal_client.spans import prompt_hash, uncertified_spans
 from areal_client.types import ExportResult, Trajectory
 from areal_gateway.app import api_routers
 from areal_gateway.schemas import TrajectoryRow
@@ -41,7 +42,11 @@ Shape = tuple[str, "Shape | tuple[Shape, ...] | None"]
 
 def _shape(prop: dict[str, Any]) -> Shape:
     """(type, shape of the items) of one property's schema: a list's item shape, or the
-    shapes of a fixed-length tuple's items (prefixItems, exactly that many)."""
+    shapes of a fixed-length tuple's items (prefixItems, exactly that many), or an object's
+    (name, shape) pairs, by name."""
+    if prop["type"] == "object":
+        props = prop["properties"]
+        return "object", tuple((name, _shape(props[name])) for name in sorted(props))
     if "prefixItems" in prop:
         n = len(prop["prefixItems"])
         assert (prop.get("minItems"), prop.get("maxItems"), prop.get("items")) == (n, n, None)
@@ -62,9 +67,21 @@ def test_the_schema_is_a_closed_json_schema_with_every_field_described() -> None
     assert SCHEMA["type"] == "object" and SCHEMA["additionalProperties"] is False
     assert REQUIRED <= set(SCHEMA["properties"])
     for name, prop in SCHEMA["properties"].items():
-        assert set(prop) <= {"type", "items", "description"}, name
         assert prop["description"] and "\n" not in prop["description"], name
         assert (prop["type"] == "array") == ("items" in prop), name
+        if prop["type"] != "object":
+            assert set(prop) <= {"type", "items", "description"}, name
+            continue
+        # An object field is closed, every one of its fields required.
+        assert set(prop) == {
+            "type",
+            "description",
+            "properties",
+            "required",
+            "additionalProperties",
+        }, name
+        assert prop["additionalProperties"] is False, name
+        assert sorted(prop["required"]) == sorted(prop["properties"]), name
     # The optional field is the agent mode's one; everything else is always there.
     assert set(SCHEMA["properties"]) - REQUIRED == {"agent_session_id"}
 
@@ -73,6 +90,7 @@ def test_the_schema_is_a_closed_json_schema_with_every_field_described() -> None
 
 
 def _turn(iid: str, prompt: list[int], out: list[int], **kw: Any) -> Interaction:
+    kw.setdefault("prompt_hash", prompt_hash(prompt))
     return Interaction(
         interaction_id=iid,
         session_id="sess-1",
@@ -91,12 +109,14 @@ def _turn(iid: str, prompt: list[int], out: list[int], **kw: Any) -> Interaction
 def proxy_rows(style: str) -> list[dict[str, Any]]:
     session = Session("sess-1", "group-1", "task-1", "hash", "m", 0.0, 0.0)
     turns = [
-        _turn("chatcmpl-a", [1, 2], [3, 4], reward=1.0),
+        _turn("chatcmpl-a", [1, 2], [3, 4], reward=1.0, tools_declared=2, tool_calls_made=1),
         # continues the first turn's exact tokens (a concat row spans both)
         _turn("chatcmpl-b", [1, 2, 3, 4, 5], [6], parent_id="chatcmpl-a", inherited=4),
         # two choices of one request; one rewarded, one not
         _turn("chatcmpl-c-0", [1], [7], response_id="chatcmpl-c", reward=0.5),
         _turn("chatcmpl-c-1", [1], [8], response_id="chatcmpl-c", choice_index=1),
+        # a side call, as its request's x-areal-call header said
+        _turn("chatcmpl-f", [1], [14], call_kind="side"),
         _turn("cmpl-d", [9], [10, 11], finish_reason="length"),
         # migrated mid-generation: p1's engine made one token, p2's the other
         _turn("chatcmpl-e", [9], [12, 13], replicas=[(0, "p1"), (1, "p2")]),
@@ -117,8 +137,13 @@ def test_proxy_rows_are_valid(row: dict[str, Any]) -> None:
 
 def test_proxy_rows_cover_the_schema_and_invalid_rows_are_refused() -> None:
     assert {k for r in ROWS for k in r} == REQUIRED
-    assert {r["choice_index"] for r in ROWS} == {0, 1} and len(ROWS) == 6 + 5
+    assert {r["choice_index"] for r in ROWS} == {0, 1} and len(ROWS) == 7 + 6
     assert {len(r["replicas"]) for r in ROWS} == {1, 2}
+    assert {len(r["spans"]) for r in ROWS} == {1, 2} and {r["side"] for r in ROWS} == {True, False}
+    assert {r["parent_chain"] for r in ROWS} >= {"", "chatcmpl-a"}
+    # Every span is certified: the client's hash of its prefix is the one it carries.
+    for r in ROWS:
+        assert uncertified_spans(r["input_ids"], r["spans"]) == [], r["interaction_id"]
     row = ROWS[0]
     for bad in (
         {**row, "surprise": 1},
@@ -131,6 +156,13 @@ def test_proxy_rows_cover_the_schema_and_invalid_rows_are_refused() -> None:
         {**row, "replicas": [["2", "p1"]]},
         {**row, "replicas": [[2, None]]},
         {**row, "replicas": [2, "p1"]},
+        {**row, "side": 0},
+        {**row, "parent_chain": None},
+        {**row, "spans": [[2, 4]]},
+        {**row, "spans": [[2, 4, None]]},
+        {**row, "tool_calls": {"declared": 1, "called": 0}},
+        {**row, "tool_calls": {"declared": 1, "called": 0, "parsed": 0, "made": 0}},
+        {**row, "tool_calls": [1, 0, 0]},
     ):
         assert not VALIDATOR.is_valid(bad), bad
 
@@ -138,11 +170,22 @@ def test_proxy_rows_cover_the_schema_and_invalid_rows_are_refused() -> None:
 # --- the gateway: its OpenAPI model --------------------------------------------------------------
 
 
-def _documented(doc: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic / OpenAPI object schema reduced to what the canonical schema says."""
+def _documented(doc: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pydantic / OpenAPI object schema reduced to what the canonical schema says; a
+    field that refers to another schema (`$ref`, found in `defs`) is read as that schema."""
+    props = {}
+    for name, p in doc["properties"].items():
+        if "$ref" in p:
+            assert defs is not None, name
+            target = defs[p["$ref"].rsplit("/", 1)[1]]
+            # Closed, every field required, as the canonical schema's object fields are.
+            assert target["additionalProperties"] is False, name
+            assert sorted(target["required"]) == sorted(target["properties"]), name
+            p = {**target, "description": p.get("description")}
+        props[name] = p
     return {
-        "fields": {name: _shape(p) for name, p in doc["properties"].items()},
-        "descriptions": {name: p.get("description") for name, p in doc["properties"].items()},
+        "fields": {name: _shape(p) for name, p in props.items()},
+        "descriptions": {name: p.get("description") for name, p in props.items()},
         "required": set(doc.get("required", [])),
         "additionalProperties": doc.get("additionalProperties"),
     }
@@ -152,7 +195,8 @@ CANONICAL_DOC = _documented(SCHEMA)
 
 
 def test_gateway_model_is_the_canonical_schema() -> None:
-    assert _documented(TrajectoryRow.model_json_schema()) == CANONICAL_DOC
+    schema = TrajectoryRow.model_json_schema()
+    assert _documented(schema, schema.get("$defs")) == CANONICAL_DOC
 
 
 @pytest.mark.parametrize("mode", ["inference", "agent"])
@@ -161,7 +205,7 @@ def test_gateway_openapi_documents_the_canonical_row(mode: str) -> None:
     for router in api_routers(mode):
         app.include_router(router)
     components = app.openapi()["components"]["schemas"]
-    assert _documented(components["TrajectoryRow"]) == CANONICAL_DOC
+    assert _documented(components["TrajectoryRow"], components) == CANONICAL_DOC
     result = "ExportResult" if mode == "inference" else "AgentExportResult"
     rows = components[result]["properties"]["rows"]
     assert rows["items"] == {"$ref": "#/components/schemas/TrajectoryRow"}
@@ -177,7 +221,7 @@ def test_gateway_model_accepts_exactly_the_valid_rows() -> None:
 
 # --- the client: its dataclass -------------------------------------------------------------------
 
-_JSON_TYPES = {int: "integer", float: "number", str: "string"}
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
 
 def _json_shape(hint: Any) -> tuple[Shape, bool]:
@@ -191,11 +235,17 @@ def _json_shape(hint: Any) -> tuple[Shape, bool]:
     if typing.get_origin(hint) is tuple:
         assert ... not in args, hint
         return ("array", tuple(_json_shape(a)[0] for a in args)), False
+    if dataclasses.is_dataclass(hint):
+        inner = typing.get_type_hints(hint)
+        names = sorted(f.name for f in dataclasses.fields(hint))
+        return ("object", tuple((n, _json_shape(inner[n])[0]) for n in names)), False
     return (_JSON_TYPES[hint], None), False
 
 
 def _as_json(value: Any) -> Any:
-    """A parsed field as JSON has it (a tuple is an array)."""
+    """A parsed field as JSON has it (a tuple is an array, a dataclass an object)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
         return [_as_json(v) for v in value]
     return value

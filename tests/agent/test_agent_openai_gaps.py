@@ -120,6 +120,12 @@ def _row(session_id: str, i: int) -> dict[str, Any]:
         "response_id": f"i{i}",
         "choice_index": 0,
         "replicas": [[1, "p0"]],
+        "chain_id": f"i{i}",
+        "chain_reason": "root",
+        "parent_chain": "",
+        "side": False,
+        "spans": [[1, 3, ""]],
+        "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
         "finish_reason": "stop",
     }
 
@@ -242,7 +248,7 @@ def test_agent_export_has_the_rl_export_shape(linked: tuple[AgentStack, Any]) ->
         # discount 0 is 0 (not the default), as for /rl/export_trajectories.
         r = c.post(f"/v1/sessions/{sid}/export", json={"discount": 0.0, "style": None})
         assert r.status_code == 200, r.text
-        assert inf.exports[-1]["discount"] == 0.0 and inf.exports[-1]["style"] == "individual"
+        assert inf.exports[-1]["discount"] == 0.0 and inf.exports[-1]["style"] == "concat"
         r = c.post(f"/v1/sessions/{sid}/export", json={"discount": 1.5})
         assert r.status_code == 400, r.text
         # With removal, as /rl/export_trajectories: the id that removes them once acknowledged.

@@ -126,7 +126,7 @@ def test_text_view_and_nothing_removed(traced):
     assert "reward 0.5 ·" in out and "reward 1 ·" in out and "\x1b" not in out
     # Read-only: a trainer's export still gets all three rows.
     with stack.admin() as c:
-        r = c.post("/rl/export_trajectories", json={"session_ids": [sid]})
+        r = c.post("/rl/export_trajectories", json={"session_ids": [sid], "style": "individual"})
     assert r.status_code == 200 and r.json()["count"] == 3
 
 

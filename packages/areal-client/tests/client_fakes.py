@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from areal_client.spans import prompt_hash
+
 BASE = "http://gw.test:8080"
 ADMIN = "admin-key"
 SESSION_KEY = "areal-sk-sess-1.secret"
@@ -34,6 +36,12 @@ def row(i: int = 0, **over: Any) -> dict[str, Any]:
         "response_id": f"chatcmpl-{i}",
         "choice_index": 0,
         "replicas": [[2, "proxy-0"]],
+        "chain_id": f"chatcmpl-{i}",
+        "chain_reason": "root",
+        "parent_chain": "",
+        "side": False,
+        "spans": [[2, 4, prompt_hash([1, 2])]],
+        "tool_calls": {"declared": 1, "called": 1, "parsed": 1},
     }
     out.update(over)
     return out

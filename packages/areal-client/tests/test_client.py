@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -46,7 +47,9 @@ from areal_client import (
     RateLimitError,
     Session,
     SessionStatus,
+    ToolCallCounts,
     Trajectory,
+    prompt_hash,
 )
 
 
@@ -239,6 +242,7 @@ def test_export_by_group_returns_typed_rows(areal, gw) -> None:
     assert json.loads(export.content) == {
         "group_id": "group-1",
         "style": "concat",
+        "side_calls": "include",
         "discount": 0.9,
         "remove_session": True,
     }
@@ -255,6 +259,50 @@ def test_export_by_group_returns_typed_rows(areal, gw) -> None:
     assert first.extra == {} and second.extra == {"future_field": {"kept": True}}
     assert first.to_dict() == row(0)
     assert second.to_dict() == extra  # round trip, unknown fields kept
+    assert (first.chain_id, first.chain_reason, first.parent_chain, first.side) == (
+        "chatcmpl-0",
+        "root",
+        "",
+        False,
+    )
+    assert first.tool_calls == ToolCallCounts(declared=1, called=1, parsed=1)
+    assert first.uncertified_spans() == []
+
+
+def test_a_row_checks_its_spans_against_its_prompt_hashes() -> None:
+    ok = Trajectory.from_json(row(0))
+    assert ok.spans == [(2, 4, prompt_hash([1, 2]))] and ok.uncertified_spans() == []
+    # A prefix that is not what the span was sampled under, or a span with no hash.
+    changed = Trajectory.from_json(row(0, input_ids=[1, 9, 3, 4]))
+    assert changed.uncertified_spans() == ok.spans
+    assert Trajectory.from_json(row(0, spans=[[2, 4, ""]])).uncertified_spans() == [(2, 4, "")]
+    # The hash itself: BLAKE2b-128 of the ids as int32 little-endian.
+    packed = b"".join(i.to_bytes(4, "little") for i in (1, 2))
+    assert prompt_hash([1, 2]) == hashlib.blake2b(packed, digest_size=16).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"side": 0}, "'side' should be bool"),
+        ({"spans": [[2, 4]]}, "spans"),
+        ({"spans": [[2, "4", "h"]]}, "spans"),
+        ({"tool_calls": {"declared": 1, "called": 1}}, "parsed"),
+        ({"tool_calls": [1, 1, 1]}, "tool_calls"),
+        ({"parent_chain": None}, "parent_chain"),
+    ],
+)
+def test_a_row_with_a_malformed_chain_field_is_refused(over: dict, match: str) -> None:
+    with pytest.raises(InvalidResponseError, match=match):
+        Trajectory.from_json(row(0, **over))
+
+
+def test_export_passes_the_side_calls_choice(areal, gw) -> None:
+    gw.on("POST", "/rl/export_trajectories", {"count": 0, "rows": []})
+    areal.export(group_id="g", side_calls="exclude")
+    assert gw.last_body()["side_calls"] == "exclude"
+    # One row per chain unless asked otherwise.
+    assert gw.last_body()["style"] == "concat"
 
 
 def test_export_by_session_ids_or_own_session(areal, gw) -> None:
@@ -273,6 +321,7 @@ def test_export_by_session_ids_or_own_session(areal, gw) -> None:
         ({}, "exactly one"),
         ({"group_id": "g", "session_ids": ["s"]}, "exactly one"),
         ({"group_id": "g", "style": "flat"}, "style"),
+        ({"group_id": "g", "side_calls": "some"}, "side_calls"),
         ({"group_id": "g", "discount": 1.5}, "discount"),
         ({"group_id": "g", "remove_session": "yes"}, "remove_session"),
         ({"session_ids": ["ok", ""]}, "session_ids"),

@@ -239,6 +239,9 @@ class FakeProxy(
     model: str = ""
     # GetSession's answers: session id -> status (as the real proxy's SessionBook.status).
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # ExportTrajectories: the requests it got, and the rows it answers each session with.
+    exports: list[Any] = field(default_factory=list)
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def _record(self, method: str, request: Any, context: Any) -> dict[str, Any]:
         md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -399,6 +402,16 @@ class FakeProxy(
 
     async def Completion(self, request: Any, context: Any) -> Any:
         return await self._unary("Completion", request, context)
+
+    async def ExportTrajectories(self, request: Any, context: Any) -> Any:
+        """The rows in `rows` of the sessions asked for, one chunk; the request is kept."""
+        from areal_proto.proxy.v1 import proxy_pb2
+
+        self.exports.append(request)
+        rows = [r for sid in request.session_ids for r in self.rows.get(sid, [])]
+        yield proxy_pb2.ExportChunk(
+            jsonl=b"".join(orjson.dumps(r) + b"\n" for r in rows), rows=len(rows)
+        )
 
     async def _stream_outer(self, method: str, request: Any, context: Any) -> Any:
         gen = self._stream(method, request, context)

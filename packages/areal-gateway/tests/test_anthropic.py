@@ -586,6 +586,17 @@ def test_a_bearer_token_works_too_and_a_session_key_reaches_the_proxy(
     assert env.session_id == "s-anthropic-1" and not env.is_admin and env.api_key == key
 
 
+def test_the_call_header_reaches_the_proxy_and_a_bad_one_is_refused_anthropic_style(
+    stack: Stack, scripted: ScriptedProxy
+) -> None:
+    body = {"model": "a-text", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    r = _post(stack, body, headers={"x-api-key": ADMIN_KEY, "x-areal-call": "side"})
+    assert r.status_code == 200, r.text
+    assert scripted.envelopes[-1].call_kind == "side"
+    r = _post(stack, body, headers={"x-api-key": ADMIN_KEY, "x-areal-call": "summary"})
+    _assert_error(r, 400, "invalid_request_error", "x-areal-call")
+
+
 def test_stream_event_order_and_the_sdk_accumulated_message(
     stack: Stack, scripted: ScriptedProxy
 ) -> None:

@@ -189,6 +189,7 @@ def request(
     api_key: str = "",
     session_id: str = "",
     is_admin: bool = False,
+    call_kind: str = "",
 ) -> envelope_pb2.OpenAIRequest:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
     env = envelope_pb2.Envelope(
@@ -197,6 +198,7 @@ def request(
         api_key=api_key,
         session_id=session_id,
         is_admin=is_admin,
+        call_kind=call_kind,
     )
     return envelope_pb2.OpenAIRequest(envelope=env, body=raw)
 

@@ -16,6 +16,7 @@ import pytest
 from proxy_fakes import EOS, FakeEngineClient, start
 from test_proxy_sessions import _export, _group, _key_env
 
+from areal_client.spans import prompt_hash, uncertified_spans
 from areal_proto.proxy.v1 import proxy_pb2
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "proto" / "rl_row.schema.json"
@@ -97,6 +98,12 @@ def _valid_row(**over: Any) -> dict[str, Any]:
         "choice_index": 0,
         "replicas": [[1, "p0"]],
         "finish_reason": "stop",
+        "chain_id": "i",
+        "chain_reason": "root",
+        "parent_chain": "",
+        "side": False,
+        "spans": [[1, 3, "00" * 16]],
+        "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
     }
     row.update(over)
     return row
@@ -118,6 +125,19 @@ def _valid_row(**over: Any) -> dict[str, Any]:
         (_valid_row(replicas=[[1, 0]]), "$.replicas[0][1]: 0 is not of type string"),
         (_valid_row(replicas=[2]), "$.replicas[0]: 2 is not of type array"),
         (_valid_row(agent_session_id=7), "$.agent_session_id: 7 is not of type string"),
+        (_valid_row(side=0), "$.side: 0 is not of type boolean"),
+        (_valid_row(parent_chain=None), "$.parent_chain: None is not of type string"),
+        (_valid_row(spans=[[1, 3]]), "$.spans[0]: [1, 3] is too short"),
+        (_valid_row(spans=[[1, "3", "h"]]), "$.spans[0][1]: '3' is not of type integer"),
+        (_valid_row(tool_calls={"declared": 1, "called": 0}), "missing required 'parsed'"),
+        (
+            _valid_row(tool_calls={"declared": 1, "called": 0, "parsed": 0, "x": 1}),
+            "$.tool_calls: unexpected 'x'",
+        ),
+        (
+            _valid_row(tool_calls={"declared": 1, "called": 0, "parsed": True}),
+            "$.tool_calls.parsed: True is not of type integer",
+        ),
     ],
 )
 def test_the_checker_refuses_what_the_schema_refuses(row: dict[str, Any], error: str) -> None:
@@ -149,9 +169,11 @@ async def test_every_exported_row_matches_the_canonical_schema() -> None:
             )
         exports = {
             (style, discount): await _export(h, session_ids=[sid], style=style, discount=discount)
-            for style in ("individual", "concat")
+            for style in ("individual", "concat", "")
             for discount in (0.0, 0.5)
         }
+        # No style: one row per chain.
+        assert exports[("", 0.5)] == exports[("concat", 0.5)]
         for where, rows in exports.items():
             assert rows, where
             for row in rows:
@@ -169,5 +191,22 @@ async def test_every_exported_row_matches_the_canonical_schema() -> None:
         # No --proxy-id: its own engine's tokens are "proxy"'s, one run from the first one.
         for r in rows.values():
             assert r["replicas"] == [[r["loss_mask"].index(1), "proxy"]], r
+            # One certified span, which the client's hash holds to its prefix.
+            [(at, end, phash)] = r["spans"]
+            assert (at, end) == (r["loss_mask"].index(1), len(r["input_ids"]))
+            assert phash == prompt_hash(r["input_ids"][:at])
+            assert uncertified_spans(r["input_ids"], r["spans"]) == []
+            assert r["tool_calls"] == {"declared": 0, "called": 0, "parsed": 0}
+            assert r["side"] is False
+        # Every turn a chain of its own: the first is the root; the completion, and the
+        # choices of a request whose messages extend no turn, come after it unlinked.
+        chains = {
+            iid: (r["chain_id"], r["chain_reason"], r["parent_chain"]) for iid, r in rows.items()
+        }
+        assert chains[chat["id"]] == (chat["id"], "root", "")
+        assert chains[text["id"]] == (text["id"], "unlinked", chat["id"])
+        for i in range(3):
+            iid = f"{many['id']}-{i}"
+            assert chains[iid] == (iid, "unlinked", text["id"])
     finally:
         await h.close()

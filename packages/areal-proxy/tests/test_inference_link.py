@@ -44,6 +44,12 @@ ROW = {
     "response_id": "chatcmpl-1",
     "choice_index": 0,
     "replicas": [[1, "p0"]],
+    "chain_id": "chatcmpl-1",
+    "chain_reason": "root",
+    "parent_chain": "",
+    "side": False,
+    "spans": [[1, 3, ""]],
+    "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
     "future_field": {"kept": True},
 }
 
@@ -138,6 +144,7 @@ async def test_session_reward_export_end_use_the_right_keys(served) -> None:
             {
                 "session_ids": ["sess-abc"],
                 "style": "concat",
+                "side_calls": "include",
                 "discount": 0.9,
                 "remove_session": True,
             },

@@ -196,3 +196,27 @@ def test_a_call_cut_off_by_max_tokens_never_leaks_into_content(tail) -> None:
     # Text before a cut call is kept.
     parsed = OutputParser("hermes", None, TOOLS).parse("Let me check. " + tail)
     assert parsed.content.rstrip() == "Let me check." and not parsed.tool_calls
+
+
+@pytest.mark.parametrize(
+    ("text", "made", "read"),
+    [
+        ("plain text", 0, 0),
+        ('<tool_call>{"name": "a", "arguments": {}}</tool_call>', 1, 1),
+        # Not a call: left in the content, made and not read.
+        ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>a()</tool_call>', 2, 1),
+        # Cut inside a call, or inside its marker (max_tokens): dropped, made and not read.
+        ('<tool_call>{"name": "a", "arguments": {"x": ', 1, 0),
+        ("text <tool_", 1, 0),
+    ],
+)
+def test_calls_made_and_read_are_counted(text: str, made: int, read: int) -> None:
+    parser = OutputParser("hermes", None, TOOLS)
+    parsed = parser.parse(text)
+    assert (parsed.calls_made, len(parsed.tool_calls)) == (made, read)
+    # Streamed in pieces, the streamer counts the same.
+    streamer = parser.streamer()
+    for i in range(0, len(text), 3):
+        streamer.feed(text[i : i + 3])
+    streamer.finish()
+    assert streamer.call_counts == (made, read)

@@ -166,6 +166,14 @@ def test_a_database_from_before_reads_and_takes_new_turns(tmp_path):
     book = SessionBook(store, proxy_id="p-old")
     rows = list(book.export_rows([store.session("s1")], "individual", 1.0))
     assert [r["replicas"] for r in rows] == [[[3, "p-old"]], [[5, "p-old"], [6, "p2"]]]
+    # Recorded before call kinds, tool counts and prompt hashes: unmarked, no calls, and
+    # exported uncertified (an empty hash) rather than refused.
+    assert [r["spans"] for r in rows] == [[[3, 4, ""]], [[5, 7, ""]]]
+    assert [(r["chain_reason"], r["side"]) for r in rows] == [
+        ("root", False),
+        ("retokenized", False),
+    ]
+    assert rows[0]["tool_calls"] == {"declared": 0, "called": 0, "parsed": 0}
 
 
 def test_ended_exported_sessions_are_deleted_after_retention(tmp_path):

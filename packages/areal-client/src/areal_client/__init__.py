@@ -31,6 +31,7 @@ from areal_client.errors import (
     PermissionDeniedError,
     RateLimitError,
 )
+from areal_client.spans import prompt_hash, uncertified_spans
 from areal_client.types import (
     ControlResult,
     ExportAck,
@@ -42,6 +43,7 @@ from areal_client.types import (
     Reward,
     Session,
     SessionStatus,
+    ToolCallCounts,
     Trajectory,
     Worker,
     WorkerControl,
@@ -75,8 +77,11 @@ __all__ = [
     "Reward",
     "Session",
     "SessionStatus",
+    "ToolCallCounts",
     "Trajectory",
     "Worker",
     "WorkerControl",
     "__version__",
+    "prompt_hash",
+    "uncertified_spans",
 ]

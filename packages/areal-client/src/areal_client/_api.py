@@ -46,7 +46,8 @@ NDJSON = "application/x-ndjson"
 EXPORT_ID_HEADER = "x-areal-export-id"
 # The gateway's own bound (areal_gateway.rl.MAX_GROUP_SIZE); checked here for a clear error.
 MAX_GROUP_SIZE = 1024
-STYLES = ("individual", "concat")
+STYLES = ("concat", "individual")
+SIDE_CALLS = ("include", "exclude", "only")
 CONTROL_ACTIONS = ("pause", "continue", "set_version", "update_weights")
 
 
@@ -239,12 +240,17 @@ class Requests:
         discount: float,
         remove_session: bool,
         lines: bool = False,
+        side_calls: str = "include",
     ) -> Call[ExportResult]:
         chosen = [x for x in (group_id, session_ids, session) if x]
         if len(chosen) != 1:
             raise ValueError("export: give exactly one of group_id, session_ids or session")
         if style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+        if side_calls not in SIDE_CALLS:
+            raise ValueError(
+                f"side_calls must be one of {', '.join(SIDE_CALLS)}, got {side_calls!r}"
+            )
         if (
             isinstance(discount, bool)
             or not isinstance(discount, (int, float))
@@ -255,6 +261,7 @@ class Requests:
             raise ValueError(f"remove_session must be a boolean, got {remove_session!r}")
         body: dict[str, Any] = {
             "style": style,
+            "side_calls": side_calls,
             "discount": float(discount),
             "remove_session": remove_session,
         }

@@ -140,12 +140,16 @@ class AsyncArealClient:
         group_id: str | None = None,
         session_ids: list[str] | None = None,
         session: Session | None = None,
-        style: str = "individual",
+        style: str = "concat",
+        side_calls: str = "include",
         discount: float = 1.0,
         remove_session: bool = False,
         acknowledge: bool = True,
     ) -> ExportResult:
         """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key).
+
+        `style`: "concat" (one row per chain of turns) or "individual" (one per interaction);
+        `side_calls`: "include" (every row, side calls marked `side`), "exclude" or "only".
 
         With `remove_session` the sessions are removed once this call has every row: it
         acknowledges the export itself. `acknowledge=False` leaves that to the caller, who
@@ -158,6 +162,7 @@ class AsyncArealClient:
             session_ids=session_ids,
             session=session,
             style=style,
+            side_calls=side_calls,
             discount=discount,
             remove_session=remove_session,
         )
@@ -197,7 +202,8 @@ class AsyncArealClient:
         group_id: str | None = None,
         session_ids: list[str] | None = None,
         session: Session | None = None,
-        style: str = "individual",
+        style: str = "concat",
+        side_calls: str = "include",
         discount: float = 1.0,
         remove_session: bool = False,
     ) -> AsyncIterator[Trajectory]:
@@ -212,6 +218,7 @@ class AsyncArealClient:
             session_ids=session_ids,
             session=session,
             style=style,
+            side_calls=side_calls,
             discount=discount,
             remove_session=remove_session,
             lines=True,

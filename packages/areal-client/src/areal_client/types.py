@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from areal_client.errors import InvalidResponseError
+from areal_client.spans import uncertified_spans
 
 T = TypeVar("T")
 
@@ -64,6 +65,24 @@ def _replicas(doc: Any, key: str, where: str) -> list[tuple[int, str]]:
                 f"{where}: field {key!r} should hold [integer, string] pairs, got {pair!r:.80}"
             )
         out.append((pair[0], pair[1]))
+    return out
+
+
+def _spans(doc: Any, key: str, where: str) -> list[tuple[int, int, str]]:
+    """A list of [integer, integer, string] triples, as tuples."""
+    out = []
+    for span in _items(doc, key, where):
+        if not (
+            isinstance(span, list)
+            and len(span) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in span[:2])
+            and isinstance(span[2], str)
+        ):
+            raise InvalidResponseError(
+                f"{where}: field {key!r} should hold [integer, integer, string] triples, "
+                f"got {span!r:.80}"
+            )
+        out.append((span[0], span[1], span[2]))
     return out
 
 
@@ -173,9 +192,34 @@ _ROW_FIELDS = (
     "choice_index",
     "replicas",
     "finish_reason",
+    "chain_id",
+    "chain_reason",
+    "parent_chain",
+    "side",
+    "spans",
+    "tool_calls",
 )
 # Present in agent mode only (absent, never null, elsewhere).
 _OPTIONAL_ROW_FIELDS = ("agent_session_id",)
+
+
+@dataclass(frozen=True)
+class ToolCallCounts:
+    """How a row's turns called tools: `declared` (the most tools one of their requests
+    declared), `called` (tool calls their outputs made), `parsed` (of those, the calls the
+    proxy's tool-call parser read; the rest stayed in the content as text, or were cut off)."""
+
+    declared: int
+    called: int
+    parsed: int
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> ToolCallCounts:
+        return cls(
+            _get(doc, "declared", int, where),
+            _get(doc, "called", int, where),
+            _get(doc, "parsed", int, where),
+        )
 
 
 @dataclass(frozen=True)
@@ -203,6 +247,17 @@ class Trajectory:
     # each on until the next; one run unless the request migrated mid-generation.
     replicas: list[tuple[int, str]]
     finish_reason: str
+    # The chain of turns the row belongs to (its first interaction's id), why it started
+    # ("root", "fork", "history_edited", ...) and the chain it came from ("" for none).
+    chain_id: str
+    chain_reason: str
+    parent_chain: str
+    # A side call (a title, a summary): by its `x-areal-call` header, or the proxy's default.
+    side: bool
+    # Certified spans: (start, end, prompt hash), input_ids[start:end] sampled under exactly
+    # input_ids[:start] (`uncertified_spans()` checks; areal_client.spans).
+    spans: list[tuple[int, int, str]]
+    tool_calls: ToolCallCounts
     agent_session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -225,6 +280,14 @@ class Trajectory:
             choice_index=_get(doc, "choice_index", int, w),
             replicas=_replicas(doc, "replicas", w),
             finish_reason=_get(doc, "finish_reason", str, w),
+            chain_id=_get(doc, "chain_id", str, w),
+            chain_reason=_get(doc, "chain_reason", str, w),
+            parent_chain=_get(doc, "parent_chain", str, w),
+            side=_get(doc, "side", bool, w),
+            spans=_spans(doc, "spans", w),
+            tool_calls=ToolCallCounts.from_json(
+                _get(doc, "tool_calls", dict, w), f"{w}.tool_calls"
+            ),
             agent_session_id=(
                 _get(doc, "agent_session_id", str, w) if "agent_session_id" in doc else None
             ),
@@ -238,6 +301,11 @@ class Trajectory:
             )
         return row
 
+    def uncertified_spans(self) -> list[tuple[int, int, str]]:
+        """The spans whose prefix in `input_ids` is not the prompt they were sampled under
+        (or that carry no prompt hash): empty for a row that is exactly what was sampled."""
+        return uncertified_spans(self.input_ids, self.spans)
+
     @property
     def output_versions(self) -> list[int]:
         """The weight versions that produced this row's trainable tokens."""
@@ -246,6 +314,12 @@ class Trajectory:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in _ROW_FIELDS}
         out["replicas"] = [[i, r] for i, r in self.replicas]
+        out["spans"] = [list(span) for span in self.spans]
+        out["tool_calls"] = {
+            "declared": self.tool_calls.declared,
+            "called": self.tool_calls.called,
+            "parsed": self.tool_calls.parsed,
+        }
         if self.agent_session_id is not None:
             out["agent_session_id"] = self.agent_session_id
         out.update(self.extra)

@@ -30,8 +30,10 @@ from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
 from areal_gateway.openai.errors import error_body
 from areal_gateway.openai.forward import (
+    CALL_HEADER,
     Endpoint,
     GenerationResponse,
+    call_kind,
     choose_request_id,
     parse_model_and_stream,
     parse_object,
@@ -187,11 +189,11 @@ class GenerationFastPath:
     async def _prepare(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive
     ) -> GenerationResponse:
-        """auth -> body -> parse -> check, reading the three headers it needs straight off the
+        """auth -> body -> parse -> check, reading the headers it needs straight off the
         scope (the first occurrence of each, as Starlette's `Headers.get`)."""
         gw = self.gateway
         assert gw is not None
-        auth = length = rid = api_key = None
+        auth = length = rid = api_key = call = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if auth is None:
@@ -204,10 +206,29 @@ class GenerationFastPath:
                     length = value.decode("latin-1")
             elif name == b"x-request-id" and rid is None:
                 rid = value.decode("latin-1")
+            elif name == CALL_HEADER and call is None:
+                call = value.decode("latin-1")
         if endpoint in _ANTHROPIC:
             principal = self._anthropic_principal(api_key, auth)
         else:
             principal = gw.auth.authenticate(bearer_key(auth))
+        kind = call_kind(call)
+        response = await self._response(endpoint, check, principal, rid, length, receive)
+        response.call_kind = kind
+        return response
+
+    async def _response(
+        self,
+        endpoint: Endpoint,
+        check: Any,
+        principal: Principal,
+        rid: str | None,
+        length: str | None,
+        receive: Receive,
+    ) -> GenerationResponse:
+        """body -> parse -> check: the response that will do the rest."""
+        gw = self.gateway
+        assert gw is not None
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
         if (
             endpoint in (CHAT, COMPLETIONS)

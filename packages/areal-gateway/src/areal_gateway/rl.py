@@ -286,7 +286,8 @@ async def export_trajectories(
     it, once the client has every row, removes the sessions."""
     group_id = body.group_id or ""
     session_ids = body.session_ids or []
-    style = body.style or "individual"
+    style = body.style or "concat"
+    side_calls = body.side_calls or "include"
     discount = body.discount
     remove = body.remove_session
     if principal.session_id:
@@ -325,6 +326,7 @@ async def export_trajectories(
                 session_ids=ids,
                 group_id=group_id,
                 style=style,
+                side_calls=side_calls,
                 discount=discount,
                 remove_session=remove,
                 envelope=env,

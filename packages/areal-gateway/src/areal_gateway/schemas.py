@@ -21,7 +21,8 @@ from pydantic_core import PydanticCustomError
 
 MAX_GROUP_SIZE = 1024
 
-ExportStyle = Literal["individual", "concat"]
+ExportStyle = Literal["concat", "individual"]
+SideCalls = Literal["include", "exclude", "only"]
 Health = Literal["unknown", "healthy", "unhealthy", "draining"]
 
 
@@ -277,7 +278,13 @@ class EndedSessions(_Response):
 class ExportRequest(_Request):
     group_id: str | None = None
     session_ids: list[Id] | None = None
-    style: ExportStyle | None = "individual"
+    style: ExportStyle | None = Field(
+        "concat", description="concat: one row per chain; individual: one row per interaction"
+    )
+    side_calls: SideCalls | None = Field(
+        "include",
+        description="rows of side calls (`side`): include (marked), exclude, or only them",
+    )
     discount: float = Field(1.0, ge=0.0, le=1.0)
     remove_session: bool = False
     format: Literal["json", "jsonl"] | None = Field(
@@ -288,6 +295,12 @@ class ExportRequest(_Request):
 def _no_default(schema: dict[str, Any]) -> None:
     # An optional key is absent, never null: the document shows no `"default": null`.
     schema.pop("default", None)
+
+
+class ToolCallCounts(_Response):
+    declared: int
+    called: int
+    parsed: int
 
 
 class TrajectoryRow(_Response):
@@ -323,8 +336,8 @@ class TrajectoryRow(_Response):
         "id, `<response id>-<index>` for a choice of an n > 1 request."
     )
     interaction_ids: list[str] = Field(
-        description="The interactions whose outputs the row trains, in order: the one "
-        "interaction (style individual) or the chain of turns (style concat)."
+        description="The interactions whose outputs the row trains, in order: the chain of "
+        "turns (style concat) or the one interaction (style individual)."
     )
     response_id: str = Field(
         description="The OpenAI response the interaction is a choice of (the interaction id "
@@ -343,6 +356,54 @@ class TrajectoryRow(_Response):
     )
     finish_reason: str = Field(
         description="Why the interaction's generation stopped: stop, length, tool_calls, ..."
+    )
+    chain_id: str = Field(
+        description=(
+            "The chain the row belongs to (the interaction id of its first turn): a run of turns "
+            "each continuing the exact prompt + sampled ids of the one before. A concat row is "
+            "one chain; an individual row is one turn of one."
+        )
+    )
+    chain_reason: str = Field(
+        description=(
+            "Why the chain started: root (the session's first conversation), fork (it continues a "
+            "turn another turn had already continued, or is a sibling choice), history_edited, "
+            "not_cached, render_changed or tokenizer_unsupported (the prompt builder's fallback), "
+            "retokenized (its parent turn was rendered into other ids), unlinked (it extends no "
+            "recorded turn: a completion), side_call or main_call (marked otherwise than the "
+            "chain it continues), prefix_mismatch (split off where a turn's prefix differs from "
+            "its certified prompt)."
+        )
+    )
+    parent_chain: str = Field(
+        description=(
+            "The chain this one came from: the one holding its first turn's lineage parent, else "
+            "the one whose turn was recorded last before it started; empty for a chain with none "
+            "(root)."
+        )
+    )
+    side: bool = Field(
+        description=(
+            "A side call (a title, a summary): marked so by the request's x-areal-call header, "
+            "or, unmarked, a chain whose first request declares no tools in a session where "
+            "another chain declares some."
+        )
+    )
+    spans: list[tuple[int, int, str]] = Field(
+        description=(
+            "The trained spans, one per turn whose output the row trains: [start, end, "
+            "prompt_hash], input_ids[start:end] the turn's sampled ids, prompt_hash the "
+            "BLAKE2b-128 hex of the exact prompt ids they were sampled under (int32 "
+            "little-endian), which input_ids[:start] hashes to (areal_client.spans); empty for a "
+            "turn recorded before prompt hashes existed."
+        )
+    )
+    tool_calls: ToolCallCounts = Field(
+        description=(
+            "How the row's turns called tools: declared (the most tools one of their requests "
+            "declared), called (tool calls their outputs made), parsed (of those, the calls the "
+            "tool-call parser read; the rest were left in the content as text, or cut off)."
+        )
     )
     agent_session_id: str | SkipJsonSchema[None] = Field(
         None,
@@ -437,7 +498,8 @@ class AgentRewardRequest(_Request):
 
 class AgentExportRequest(_Request):
     # As ExportRequest's (the session is the path's).
-    style: ExportStyle | None = "individual"
+    style: ExportStyle | None = "concat"
+    side_calls: SideCalls | None = "include"
     discount: float = Field(1.0, ge=0.0, le=1.0)
     remove_session: bool = False
 

@@ -16,9 +16,11 @@ from typing import Any
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy.generation import GenerationRecord
 from areal_proxy.prompt.incremental import Built, SessionPrompts
+from areal_proxy.recording.chains import CALL_KINDS
 from areal_proxy.recording.model import Interaction
 from areal_proxy.recording.sessions import SessionBook, Turn
 from areal_proxy.recording.store import continues, sharing
+from areal_runtime.errors import InvalidRequest
 
 # A request body up to this size starts its session's turn on the event loop when it can
 # (`Recorder.begin`): hashing its new messages costs microseconds, the hop to the recording
@@ -43,6 +45,10 @@ class OpenTurn:
     # The chat prompt as built for this turn, and the request body's size.
     prompt: Built | None = None
     body_bytes: int = 0
+    # What the request said it is (Envelope.call_kind: "side", "main" or ""), and how many
+    # tools it declared.
+    call_kind: str = ""
+    tools_declared: int = 0
 
 
 class Recorder:
@@ -66,12 +72,23 @@ class Recorder:
         thread is idle (SessionBook.begin_known)."""
         if env is None or not env.session_id:
             return None
+        kind = env.call_kind
+        if kind and kind not in CALL_KINDS:
+            raise InvalidRequest(
+                f"x-areal-call must be one of {', '.join(CALL_KINDS)} (or absent), got "
+                f"{kind[:40]!r}",
+                param="x-areal-call",
+            )
         started = time.time()
+        ot = None
         if body_bytes is not None and body_bytes <= INLINE_BODY_BYTES:
             turn = self.book.try_now(self.book.begin_known, env.session_id, env.api_key, messages)
             if turn is not None:
-                return OpenTurn(turn, interaction_id, started)
-        return await self.book.call(self._begin, env, messages, interaction_id, started)
+                ot = OpenTurn(turn, interaction_id, started)
+        if ot is None:
+            ot = await self.book.call(self._begin, env, messages, interaction_id, started)
+        ot.call_kind = kind
+        return ot
 
     def _begin(
         self,
@@ -91,7 +108,9 @@ class Recorder:
         response: dict[str, Any] | str,
         rec: GenerationRecord,
         finish_reason: str,
+        tool_calls: tuple[int, int] = (0, 0),
     ) -> Interaction:
+        """`tool_calls`: (tool calls the output made, calls the parser read)."""
         now = time.time()
         if (
             ot.body_bytes <= INLINE_BODY_BYTES
@@ -109,11 +128,14 @@ class Recorder:
                 rec,
                 finish_reason,
                 now,
+                tool_calls,
             )
             if it is not None:
                 return it
         # Copying the token lists, packing and inserting them: on the recording thread.
-        return await self.book.call(self._commit, ot, messages, response, rec, finish_reason, now)
+        return await self.book.call(
+            self._commit, ot, messages, response, rec, finish_reason, now, tool_calls
+        )
 
     def _commit(
         self,
@@ -123,6 +145,7 @@ class Recorder:
         rec: GenerationRecord,
         finish_reason: str,
         now: float,
+        tool_calls: tuple[int, int] = (0, 0),
     ) -> Interaction:
         timings = {"total_s": now - ot.started}
         if rec.first_token_at is not None:
@@ -158,6 +181,10 @@ class Recorder:
             # "" in the record is this proxy's own engine: named, so a row says which proxy
             # made each token however many replicas a migrated request went through.
             replicas=[(i, r or self.book.proxy_id) for i, r in rec.replicas],
+            call_kind=ot.call_kind,
+            tools_declared=ot.tools_declared,
+            tool_calls_made=tool_calls[0],
+            tool_calls_parsed=tool_calls[1],
         )
         # What the store may take from the parent rather than write again (flat disk per turn).
         it.shared_tokens, it.shared_messages = sharing(it, parent, ot.turn.covered, known)

@@ -26,6 +26,7 @@ from areal_proxy.inference import InferenceHandler
 from areal_proxy.metrics import ProxyMetrics
 from areal_proxy.migration import MigrationFailed, continue_steps
 from areal_proxy.multiplex import GenerateStream
+from areal_proxy.recording import export
 from areal_proxy.recording.claims import ExportClaims
 from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
@@ -548,8 +549,9 @@ class ProxyServicer(
                     for s in sessions:
                         self._acting_on(env, s.session_id, for_turn=False)
                 # proto3 cannot tell 0.0 from unset: the gateway always sends the discount.
-                style = request.style or "individual"
-                return sessions, book.export_rows(sessions, style, request.discount)
+                style = request.style or export.DEFAULT_STYLE
+                side_calls = request.side_calls or "include"
+                return sessions, book.export_rows(sessions, style, request.discount, side_calls)
 
             def next_chunk(rows: Iterator[dict[str, Any]]) -> list[bytes]:
                 out: list[bytes] = []

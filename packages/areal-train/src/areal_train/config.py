@@ -276,8 +276,9 @@ class GRPOHyperparameters:
     adv_norm_std: bool = True
     ppo_epochs: int = 1
     n_minibatches: int = 1
-    # Export options of the RL API.
-    export_style: str = "individual"
+    # Export options of the RL API: "concat" (one row per chain of turns, the service's
+    # default) or "individual" (one per interaction); a single-turn task's rows are the same.
+    export_style: str = "concat"
     discount: float = 1.0
     # Checkpoints kept on disk (the newest ones; 0 = keep all).
     keep_checkpoints: int = 2
@@ -297,8 +298,8 @@ class GRPOHyperparameters:
         check("grpo.n_minibatches", self.n_minibatches >= 1, "must be >= 1")
         check(
             "grpo.export_style",
-            self.export_style in ("individual", "concat"),
-            "must be individual or concat",
+            self.export_style in ("concat", "individual"),
+            "must be concat or individual",
         )
         check("grpo.discount", 0 <= self.discount <= 1, "must be in [0, 1]")
         check("grpo.keep_checkpoints", self.keep_checkpoints >= 0, "must be >= 0")

@@ -143,13 +143,14 @@ async def export(
     yet: the answer names an `export_id`, and `POST /v1/sessions/{id}/ack_export` with it,
     once the client has every row, removes the session's RL records (until then another
     export returns the same rows)."""
-    style, discount, remove = body.style or "individual", body.discount, body.remove_session
+    style, discount, remove = body.style or "concat", body.discount, body.remove_session
     client = await proxy_of(gw, sid)
     timeout = gw.settings.request_timeout
     chunks = await client.export(
         proxy_pb2.ExportTrajectoriesRequest(
             session_ids=[sid],
             style=style,
+            side_calls=body.side_calls or "include",
             discount=float(discount),
             remove_session=remove,
             envelope=_envelope(p, sid, timeout),

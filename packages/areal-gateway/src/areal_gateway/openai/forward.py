@@ -56,6 +56,12 @@ log = logging.getLogger(__name__)
 # New routes after a proxy refused the connection (the call never reached it).
 MAX_ROUTE_RETRIES = 2
 
+# What a session's request is to its trajectory, when the client says: "side" (a title, a
+# summary: recorded, and marked side in the export) or "main" (trained). Absent: the proxy's
+# export decides (docs/services.md, "Chains and side calls").
+CALL_HEADER = b"x-areal-call"
+CALL_KINDS = ("side", "main")
+
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -70,6 +76,20 @@ class Endpoint:
 
 
 # --- reading and parsing -------------------------------------------------------------------
+
+
+def call_kind(value: str | None) -> str:
+    """The `x-areal-call` header's value as the envelope carries it ("" when absent)."""
+    if value is None:
+        return ""
+    kind = value.strip().lower()
+    if kind not in CALL_KINDS:
+        raise bad_request(
+            f"Header 'x-areal-call' must be 'side' or 'main' (or left out), got {value[:40]!r}.",
+            code="invalid_value",
+            param="x-areal-call",
+        )
+    return kind
 
 
 def _too_large(limit: int) -> ServiceError:
@@ -185,6 +205,8 @@ class GenerationResponse(Response):
         # Headers every answer of this request carries besides the standard ones (an API's
         # `x-areal-left-out`: left_out.py).
         self.extra_headers: list[tuple[bytes, bytes]] = []
+        # The `x-areal-call` header ("side", "main" or ""), for the proxy's recording.
+        self.call_kind = ""
 
     def document(self) -> dict[str, Any]:
         if self.doc is None:
@@ -310,6 +332,7 @@ class GenerationResponse(Response):
             is_admin=p.is_admin,
             # The proxy's spans join the gateway's proxy call (tracing.py): {} when off.
             trace_context=tracing.carrier(),
+            call_kind=self.call_kind,
         )
         return generation_request(envelope, self.raw_body)
 

@@ -96,7 +96,14 @@ class InferenceLink:
             "reward": out.reward,
         }
 
-    async def export(self, session_id: str, style: str, discount: float, remove: bool) -> Exported:
+    async def export(
+        self,
+        session_id: str,
+        style: str,
+        discount: float,
+        remove: bool,
+        side_calls: str = "include",
+    ) -> Exported:
         """The RL session's rows. With `remove` nothing is removed here: the rows still have
         to reach the agent gateway's client, so the export is not acknowledged; its
         `export_id` goes back with the rows, and `ack_export` removes them once that client
@@ -105,6 +112,7 @@ class InferenceLink:
             result = await self._client.export(
                 session_ids=[session_id],
                 style=style,
+                side_calls=side_calls,
                 discount=discount,
                 remove_session=remove,
                 acknowledge=False,

@@ -253,9 +253,10 @@ class AgentModeServicer(
                 # the rows; acknowledging here lost them whenever they did not get there.
                 rows, export_id = await link.export(
                     s.rl_session_id,
-                    request.style or "individual",
+                    request.style or "concat",
                     request.discount,
                     request.remove_session,
+                    request.side_calls or "include",
                 )
             except ServiceError as e:
                 await abort(context, e)

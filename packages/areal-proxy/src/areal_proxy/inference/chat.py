@@ -60,10 +60,12 @@ async def whole(
         content: str | None = text
         reasoning: str | None = None
         calls: list[dict[str, Any]] | None = None
+        counts = (0, 0)
         parser = _output_parser(core, req)
         if parser is not None:
             parsed = parser.parse(text)
             content, reasoning = parsed.content, parsed.reasoning_content
+            counts = (parsed.calls_made, len(parsed.tool_calls))
             calls = [out.tool_call(c.id, c.name, c.arguments) for c in parsed.tool_calls] or None
             if calls and not req.parallel_tool_calls:
                 calls = calls[:1]
@@ -75,7 +77,12 @@ async def whole(
             else None
         )
         await core.commit(
-            p.turn_of(i), req.messages, assistant(content, reasoning, calls), rec, finish
+            p.turn_of(i),
+            req.messages,
+            assistant(content, reasoning, calls),
+            rec,
+            finish,
+            tool_calls=counts,
         )
         choices.append(
             {
@@ -179,7 +186,12 @@ async def _choice_stream(
                 if ot is not None:
                     # Committed before the client sees the end: acknowledged = durable.
                     await core.commit(
-                        ot, req.messages, _streamed(texts, events, streamer), rec, finish
+                        ot,
+                        req.messages,
+                        _streamed(texts, events, streamer),
+                        rec,
+                        finish,
+                        tool_calls=streamer.call_counts if streamer is not None else (0, 0),
                     )
                 yield orjson.dumps(
                     out.chat_chunk(

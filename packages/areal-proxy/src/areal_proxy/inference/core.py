@@ -439,6 +439,7 @@ class InferenceCore:
         ot = await self._begin(env, req.messages, rid, body)
         if ot is not None:
             ot.body_bytes = len(body)
+            ot.tools_declared = len(req.tools or ())
         prompt = await self._off_loop(_heavy(body, ot), self.chat_prompt, req, ot, rendered)
         template = self._template(req.sampling, req.top_logprobs)
         forced = forced_constraint(
@@ -615,8 +616,10 @@ class InferenceCore:
         response: dict[str, Any] | str,
         rec: GenerationRecord,
         finish: str,
+        tool_calls: tuple[int, int] = (0, 0),
     ) -> None:
-        """Record one answered choice of a session's turn (nothing without a session)."""
+        """Record one answered choice of a session's turn (nothing without a session);
+        `tool_calls`: (calls its output made, calls the parser read)."""
         if ot is not None and self.recorder is not None:
             session = ot.turn.session
             with tracing.span(
@@ -627,7 +630,12 @@ class InferenceCore:
                 output_tokens=len(rec.token_ids),
             ):
                 await self.recorder.commit(
-                    ot, messages=messages, response=response, rec=rec, finish_reason=finish
+                    ot,
+                    messages=messages,
+                    response=response,
+                    rec=rec,
+                    finish_reason=finish,
+                    tool_calls=tool_calls,
                 )
 
 

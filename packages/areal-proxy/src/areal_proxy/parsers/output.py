@@ -32,6 +32,11 @@ class OutputStreamer:
     def saw_tool_calls(self) -> bool:
         return self._tools is not None and self._tools.saw_tool_calls
 
+    @property
+    def call_counts(self) -> tuple[int, int]:
+        """(tool calls the output made, calls the parser read); (0, 0) without tool parsing."""
+        return self._tools.call_counts if self._tools is not None else (0, 0)
+
     def feed(self, delta: str) -> list[StreamEvent]:
         if self._reasoning is None:
             return self._to_tools([ContentDelta(delta)] if delta else [], final=False)
@@ -95,7 +100,9 @@ class OutputParser:
         streamer = self.streamer()
         events = streamer.feed(text)
         events.extend(streamer.finish())
-        return collect(events)
+        out = collect(events)
+        out.calls_made = streamer.call_counts[0]
+        return out
 
 
 def collect(events: Iterable[StreamEvent]) -> ParsedOutput:

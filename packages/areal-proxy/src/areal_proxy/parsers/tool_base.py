@@ -67,6 +67,9 @@ class ToolParser:
         self._ws = WsHolder()
         self._out: list[StreamEvent] = []
         self._n_calls = 0
+        # Regions that did not read as calls (left in the content as text, or dropped where
+        # the output was cut inside one): calls the model made that the parser could not read.
+        self._n_unread = 0
         self._finished = False
 
     # -- family hooks -------------------------------------------------------
@@ -95,6 +98,12 @@ class ToolParser:
     @property
     def saw_tool_calls(self) -> bool:
         return self._n_calls > 0
+
+    @property
+    def call_counts(self) -> tuple[int, int]:
+        """(calls the output made, calls read) so far: a marker that opened no valid call
+        counts as a call made and not read."""
+        return self._n_calls + self._n_unread, self._n_calls
 
     def feed(self, delta: str) -> list[StreamEvent]:
         if self._finished:
@@ -163,6 +172,7 @@ class ToolParser:
             partial = hold_len(buf, self.markers)
             if partial > 1:
                 buf = self._buf = buf[:-partial]
+                self._n_unread += 1
         if not buf:
             return False
         found = find_first(buf, self.markers) if self.markers else None
@@ -201,6 +211,7 @@ class ToolParser:
             return False
         consumed = region.consumed
         if region.calls is None:
+            self._n_unread += 1
             if not (final and region.cut):
                 self._content(self._marker + self._buf[:consumed])
             self._mode = _CONTENT

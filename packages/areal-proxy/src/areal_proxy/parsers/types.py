@@ -28,6 +28,9 @@ class ParsedOutput:
     # None when the reasoning parser found none or is off.
     reasoning_content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Tool calls the output made, read or not (`tool_calls` holds those read): set by
+    # OutputParser.parse; 0 from `collect` alone.
+    calls_made: int = 0
 
 
 @dataclass(slots=True)

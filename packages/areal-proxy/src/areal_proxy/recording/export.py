@@ -6,15 +6,19 @@ A row: `input_ids` (prompt + output, the stop token included), `loss_mask`
 token), `reward`, `replicas` (which proxy's engine generated which tokens: `[index, proxy
 id]` pairs over `input_ids` positions, each on until the next; several when a request
 migrated to another replica mid-generation), and the ids that place it (session, group,
-task, interaction).
+task, interaction). Every row also says which chain it belongs to (`chain_id`,
+`chain_reason`, `parent_chain`), whether it is a side call (`side`), the certified span of
+each trained turn (`spans`: [start, end, prompt hash]) and how the turns' tool calls parsed
+(`tool_calls`): recording/chains.py.
 
 Styles:
-- `individual`: one row per interaction.
-- `concat`: one row per chain of turns whose prompts continue the exact token
-  sequence of the turn before (the `concat` chat template): the row is the
-  last turn's tokens with every turn's output marked trainable. A turn whose
-  prompt was re-tokenized (the `hf` template) cannot be laid on its parent's
-  tokens exactly, so it starts a new row instead of silently drifting.
+- `concat` (the default): one row per chain of turns whose prompts continue the exact token
+  sequence of the turn before: the row is the last turn's tokens with every turn's output
+  marked trainable. A turn whose prompt was re-tokenized (the `hf` template) cannot be laid
+  on its parent's tokens exactly, so it starts a new chain instead of silently drifting.
+- `individual`: one row per interaction, each naming the chain it belongs to.
+
+`side_calls`: "include" (every row), "exclude" (rows that are not side calls), "only".
 
 Discount: rewards walk back over a session's turns, `r_i += discount * r_{i+1}`
 (an unrewarded turn counts as 0). The choices of one request (`n`, same `response_id`) are
@@ -27,9 +31,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from areal_proxy.recording import chains as chaining
+from areal_proxy.recording.chains import Chain
 from areal_proxy.recording.model import Interaction, Session
 
-STYLES = ("individual", "concat")
+STYLES = ("concat", "individual")
+DEFAULT_STYLE = "concat"
+SIDE_CALLS = ("include", "exclude", "only")
 
 
 def discounted_rewards(turns: list[Interaction], discount: float) -> list[float]:
@@ -71,7 +79,7 @@ def _pairs(runs: list[tuple[int, str]]) -> list[list[Any]]:
     return [[i, r] for i, r in runs]
 
 
-def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
+def _base(session: Session, it: Interaction, reward: float, chain: Chain) -> dict[str, Any]:
     return {
         "session_id": session.session_id,
         "group_id": session.group_id,
@@ -82,81 +90,116 @@ def _base(session: Session, it: Interaction, reward: float) -> dict[str, Any]:
         "choice_index": it.choice_index,
         "reward": reward,
         "finish_reason": it.finish_reason,
+        "chain_id": chain.chain_id,
+        "chain_reason": chain.reason,
+        "parent_chain": chain.parent,
+        "side": chain.side,
     }
+
+
+def _tool_calls(turns: list[Interaction]) -> dict[str, int]:
+    """How the row's turns' tool calls went: the most tools a request of them declared, the
+    calls their outputs made, and how many of those the parser read."""
+    return {
+        "declared": max(t.tools_declared for t in turns),
+        "called": sum(t.tool_calls_made for t in turns),
+        "parsed": sum(t.tool_calls_parsed for t in turns),
+    }
+
+
+def _individual(
+    session: Session,
+    it: Interaction,
+    span: tuple[int, int, str],
+    reward: float,
+    chain: Chain,
+    recorder: str,
+) -> dict[str, Any]:
+    p = len(it.prompt_ids)
+    row = _base(session, it, reward, chain)
+    row.update(
+        input_ids=it.prompt_ids + it.output_ids,
+        loss_mask=[0] * p + [1] * len(it.output_ids),
+        logprobs=[0.0] * p + it.logprobs,
+        versions=[-1] * p + it.versions,
+        interaction_ids=[it.interaction_id],
+        replicas=_pairs([(p + at, replica) for at, replica in _runs(it, recorder)]),
+        spans=[list(span)],
+        tool_calls=_tool_calls([it]),
+    )
+    return row
+
+
+def _concat(session: Session, chain: Chain, reward: float, recorder: str) -> dict[str, Any]:
+    it = chain.last
+    ids = it.prompt_ids + it.output_ids
+    mask = [0] * len(ids)
+    lps = [0.0] * len(ids)
+    vers = [-1] * len(ids)
+    runs: list[tuple[int, str]] = []
+    for turn in chain.turns:
+        start = len(turn.prompt_ids)
+        # Each turn's runs where its output sits; a proxy that goes on from the turn
+        # before (across the prompt text between them) is one run.
+        for at, replica in _runs(turn, recorder):
+            if not runs or runs[-1][1] != replica:
+                runs.append((start + at, replica))
+        for j, (lp, v) in enumerate(zip(turn.logprobs, turn.versions, strict=True)):
+            mask[start + j] = 1
+            lps[start + j] = lp
+            vers[start + j] = v
+    row = _base(session, it, reward, chain)
+    row.update(
+        input_ids=ids,
+        loss_mask=mask,
+        logprobs=lps,
+        versions=vers,
+        interaction_ids=[t.interaction_id for t in chain.turns],
+        replicas=_pairs(runs),
+        spans=[list(span) for span in chain.spans],
+        tool_calls=_tool_calls(chain.turns),
+    )
+    return row
+
+
+def _session_rows(
+    session: Session,
+    turns: list[Interaction],
+    discount: float,
+    recorder: str,
+    style: str,
+    side_calls: str = "include",
+) -> Iterator[dict[str, Any]]:
+    rewards = discounted_rewards(turns, discount)
+    reward = {t.interaction_id: r for t, r in zip(turns, rewards, strict=True)}
+    wanted = [
+        c
+        for c in chaining.of_session(turns)
+        if side_calls == "include" or c.side == (side_calls == "only")
+    ]
+    if style != "individual":
+        for chain in wanted:
+            yield _concat(session, chain, reward[chain.last.interaction_id], recorder)
+        return
+    # One row per interaction, in the order they were recorded.
+    each = [(it, span, c) for c in wanted for it, span in zip(c.turns, c.spans, strict=True)]
+    each.sort(key=lambda x: x[0].seq)
+    for it, span, chain in each:
+        yield _individual(session, it, span, reward[it.interaction_id], chain, recorder)
 
 
 def individual_rows(
     session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
-    rewards = discounted_rewards(turns, discount)
-    for it, r in zip(turns, rewards, strict=True):
-        p, o = len(it.prompt_ids), len(it.output_ids)
-        row = _base(session, it, r)
-        row.update(
-            input_ids=it.prompt_ids + it.output_ids,
-            loss_mask=[0] * p + [1] * o,
-            logprobs=[0.0] * p + it.logprobs,
-            versions=[-1] * p + it.versions,
-            interaction_ids=[it.interaction_id],
-            replicas=_pairs([(p + at, replica) for at, replica in _runs(it, recorder)]),
-        )
-        yield row
-
-
-def _continues(child: Interaction, parent: Interaction) -> bool:
-    n = len(parent.prompt_ids) + len(parent.output_ids)
-    return (
-        child.parent_id == parent.interaction_id
-        and child.inherited == n
-        and child.prompt_ids[: len(parent.prompt_ids)] == parent.prompt_ids
-        and child.prompt_ids[len(parent.prompt_ids) : n] == parent.output_ids
-    )
+    """One row per interaction (whose span is certified), in the order recorded."""
+    return _session_rows(session, turns, discount, recorder, "individual")
 
 
 def concat_rows(
     session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
-    rewards = discounted_rewards(turns, discount)
-    by_id = {it.interaction_id: it for it in turns}
-    # A turn ends a row unless some later turn continues its exact tokens.
-    continued = {
-        it.parent_id
-        for it in turns
-        if it.parent_id in by_id and _continues(it, by_id[it.parent_id])
-    }
-    for it, r in zip(turns, rewards, strict=True):
-        if it.interaction_id in continued:
-            continue
-        chain = [it]
-        while chain[-1].parent_id in by_id and _continues(chain[-1], by_id[chain[-1].parent_id]):
-            chain.append(by_id[chain[-1].parent_id])
-        chain.reverse()
-        ids = it.prompt_ids + it.output_ids
-        mask = [0] * len(ids)
-        lps = [0.0] * len(ids)
-        vers = [-1] * len(ids)
-        runs: list[tuple[int, str]] = []
-        for turn in chain:
-            start = len(turn.prompt_ids)
-            # Each turn's runs where its output sits; a proxy that goes on from the turn
-            # before (across the prompt text between them) is one run.
-            for at, replica in _runs(turn, recorder):
-                if not runs or runs[-1][1] != replica:
-                    runs.append((start + at, replica))
-            for j, (lp, v) in enumerate(zip(turn.logprobs, turn.versions, strict=True)):
-                mask[start + j] = 1
-                lps[start + j] = lp
-                vers[start + j] = v
-        row = _base(session, it, r)
-        row.update(
-            input_ids=ids,
-            loss_mask=mask,
-            logprobs=lps,
-            versions=vers,
-            interaction_ids=[t.interaction_id for t in chain],
-            replicas=_pairs(runs),
-        )
-        yield row
+    """One row per chain, in the order of each chain's last turn."""
+    return _session_rows(session, turns, discount, recorder, "concat")
 
 
 def rows(
@@ -164,8 +207,8 @@ def rows(
     style: str,
     discount: float,
     recorder: str = "proxy",
+    side_calls: str = "include",
 ) -> Iterator[dict[str, Any]]:
     """`recorder`: the recording proxy's id, the replica of tokens recorded without one."""
-    build = individual_rows if style == "individual" else concat_rows
     for session, turns in sessions:
-        yield from build(session, turns, discount, recorder)
+        yield from _session_rows(session, turns, discount, recorder, style, side_calls)

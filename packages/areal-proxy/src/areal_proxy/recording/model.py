@@ -44,6 +44,18 @@ class Interaction:
     # (a request that migrated mid-generation has several). Empty: all by the recording
     # proxy (one run), as every row recorded before migration existed reads.
     replicas: list[tuple[int, str]] = field(default_factory=list)
+    # What the request said it is to the trajectory (the `x-areal-call` header, Envelope
+    # .call_kind): "side", "main", or "" (not said: the export decides; recording/chains.py).
+    call_kind: str = ""
+    # The request's declared tools; the tool calls the output made, and how many of them the
+    # tool-call parser read (one it could not read is left in the content, or dropped when
+    # the output was cut inside it). 0 for rows recorded before these were kept.
+    tools_declared: int = 0
+    tool_calls_made: int = 0
+    tool_calls_parsed: int = 0
+    # spans.prompt_hash of prompt_ids, taken as the turn was recorded: what the
+    # export certifies each trained span against ("" for rows recorded before).
+    prompt_hash: str = ""
 
 
 @dataclass(slots=True)

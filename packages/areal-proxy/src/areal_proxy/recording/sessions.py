@@ -43,6 +43,7 @@ from areal_proxy.prompt.state import CachedTurn, PromptState, TurnCache
 from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
 from areal_proxy.recording.model import Interaction, Session
+from areal_proxy.recording.spans import pack_ids, prompt_hasher
 from areal_proxy.recording.store import Store
 from areal_runtime.errors import (
     Conflict,
@@ -71,6 +72,9 @@ class _Live:
     lineage: Lineage
     # Turns of one session are recorded in the order they finish (`record` assigns it).
     next_seq: int
+    # The latest turn's id and a prompt hasher fed its prompt + output ids: the next turn that
+    # continues them hashes only its own ids (`_hash_prompt`).
+    hashed: tuple[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -391,9 +395,11 @@ class SessionBook:
         it.seq = live.next_seq
         if not it.interaction_id:
             it.interaction_id = new_id("int")
+        after = _hash_prompt(live, it)
         self.store.add_interaction(it)
         # Only once it is committed: a failed insert (disk full) leaves the state as it was.
         live.next_seq += 1
+        live.hashed = (it.interaction_id, after)
         if isinstance(it.messages, list) and isinstance(it.response, dict):
             if not messages_hash:
                 messages_hash = Lineage.extend(b"", it.messages)
@@ -476,16 +482,20 @@ class SessionBook:
         return out
 
     def export_rows(
-        self, sessions: list[Session], style: str, discount: float
+        self, sessions: list[Session], style: str, discount: float, side_calls: str = "include"
     ) -> Iterator[dict[str, Any]]:
         if style not in export.STYLES:
             raise InvalidRequest(f"style must be one of {', '.join(export.STYLES)}", param="style")
         if not 0.0 <= discount <= 1.0:
             raise InvalidRequest("discount must be between 0 and 1", param="discount")
+        if side_calls not in export.SIDE_CALLS:
+            raise InvalidRequest(
+                f"side_calls must be one of {', '.join(export.SIDE_CALLS)}", param="side_calls"
+            )
         pairs = zip(
             sessions, self.store.iter_interactions([s.session_id for s in sessions]), strict=True
         )
-        return export.rows(pairs, style, discount, recorder=self.proxy_id)
+        return export.rows(pairs, style, discount, recorder=self.proxy_id, side_calls=side_calls)
 
     def remove(self, sessions: list[Session]) -> None:
         self.remove_ids([s.session_id for s in sessions])
@@ -500,6 +510,22 @@ class SessionBook:
 
 def _nothing() -> None:
     return None
+
+
+def _hash_prompt(live: _Live, it: Interaction) -> Any:
+    """Set `it.prompt_hash` (spans.prompt_hash of its prompt ids, unless already set); returns
+    a hasher fed its prompt + output ids. A turn that continues the latest turn's exact ids
+    (`inherited`) hashes only its own: the cost of a turn stays what is new."""
+    h = None
+    if live.hashed is not None and it.inherited and it.parent_id == live.hashed[0]:
+        h = live.hashed[1].copy()
+        h.update(pack_ids(it.prompt_ids[it.inherited :]))
+    else:
+        h = prompt_hasher(it.prompt_ids)
+    if not it.prompt_hash:
+        it.prompt_hash = h.hexdigest()
+    h.update(pack_ids(it.output_ids))
+    return h
 
 
 def _extended(latest: CachedTurn | None, messages: list[dict[str, Any]]) -> CachedTurn | None:

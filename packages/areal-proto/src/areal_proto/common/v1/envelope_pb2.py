@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61real/common/v1/envelope.proto\x12\x0f\x61real.common.v1\"\x87\x02\n\x08\x45nvelope\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x05 \x01(\x03\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x10\n\x08is_admin\x18\x07 \x01(\x08\x12\x42\n\rtrace_context\x18\x08 \x03(\x0b\x32+.areal.common.v1.Envelope.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\rOpenAIRequest\x12+\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x19.areal.common.v1.Envelope\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\x1e\n\x0eOpenAIResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\"\x1b\n\x0bStreamChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"^\n\x0b\x45rrorDetail\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05param\x18\x05 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61real/common/v1/envelope.proto\x12\x0f\x61real.common.v1\"\x9a\x02\n\x08\x45nvelope\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x05 \x01(\x03\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x10\n\x08is_admin\x18\x07 \x01(\x08\x12\x42\n\rtrace_context\x18\x08 \x03(\x0b\x32+.areal.common.v1.Envelope.TraceContextEntry\x12\x11\n\tcall_kind\x18\t \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\rOpenAIRequest\x12+\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x19.areal.common.v1.Envelope\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"\x1e\n\x0eOpenAIResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\"\x1b\n\x0bStreamChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"^\n\x0b\x45rrorDetail\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05param\x18\x05 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENVELOPE_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_ENVELOPE']._serialized_start=52
-  _globals['_ENVELOPE']._serialized_end=315
-  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_start=264
-  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_end=315
-  _globals['_OPENAIREQUEST']._serialized_start=317
-  _globals['_OPENAIREQUEST']._serialized_end=391
-  _globals['_OPENAIRESPONSE']._serialized_start=393
-  _globals['_OPENAIRESPONSE']._serialized_end=423
-  _globals['_STREAMCHUNK']._serialized_start=425
-  _globals['_STREAMCHUNK']._serialized_end=452
-  _globals['_ERRORDETAIL']._serialized_start=454
-  _globals['_ERRORDETAIL']._serialized_end=548
+  _globals['_ENVELOPE']._serialized_end=334
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_start=283
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_end=334
+  _globals['_OPENAIREQUEST']._serialized_start=336
+  _globals['_OPENAIREQUEST']._serialized_end=410
+  _globals['_OPENAIRESPONSE']._serialized_start=412
+  _globals['_OPENAIRESPONSE']._serialized_end=442
+  _globals['_STREAMCHUNK']._serialized_start=444
+  _globals['_STREAMCHUNK']._serialized_end=471
+  _globals['_ERRORDETAIL']._serialized_start=473
+  _globals['_ERRORDETAIL']._serialized_end=567
 # @@protoc_insertion_point(module_scope)

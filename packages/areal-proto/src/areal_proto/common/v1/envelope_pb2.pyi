@@ -56,6 +56,7 @@ class Envelope(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     IS_ADMIN_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    CALL_KIND_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique per client request; echoed in logs and responses."""
     api_key: _builtins.str
@@ -72,6 +73,12 @@ class Envelope(_message.Message):
     """Session the request belongs to, when the key is a session key."""
     is_admin: _builtins.bool
     """True when api_key is the service's admin key."""
+    call_kind: _builtins.str
+    """What the request is to the session's trajectory, as the client's `x-areal-call` header
+    said: "side" (a title, a summary: recorded, marked side in the export), "main" (part of
+    what is trained), or empty (not said: the export decides; docs/services.md, "Chains and
+    side calls").
+    """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The caller's W3C trace context ("traceparent", "tracestate") when tracing is on;
@@ -90,10 +97,11 @@ class Envelope(_message.Message):
         session_id: _builtins.str = ...,
         is_admin: _builtins.bool = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        call_kind: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "deadline_unix_ms", b"deadline_unix_ms", "is_admin", b"is_admin", "model", b"model", "request_id", b"request_id", "session_id", b"session_id", "stream", b"stream", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "call_kind", b"call_kind", "deadline_unix_ms", b"deadline_unix_ms", "is_admin", b"is_admin", "model", b"model", "request_id", b"request_id", "session_id", b"session_id", "stream", b"stream", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

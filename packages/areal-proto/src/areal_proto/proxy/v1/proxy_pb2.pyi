@@ -282,14 +282,19 @@ class ExportTrajectoriesRequest(_message.Message):
     REMOVE_SESSION_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
     EXPORT_ID_FIELD_NUMBER: _builtins.int
+    SIDE_CALLS_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     style: _builtins.str
-    """"individual" or "concat"."""
+    """"concat" (one row per chain; the default when empty) or "individual"."""
     discount: _builtins.float
     remove_session: _builtins.bool
     export_id: _builtins.str
     """Required with remove_session: the sessions read are claimed under it, and removed only
     by AckExport(export_id).
+    """
+    side_calls: _builtins.str
+    """Which rows by their `side` mark: "include" (every row; the default when empty),
+    "exclude" (no side call) or "only" (side calls alone).
     """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -307,10 +312,11 @@ class ExportTrajectoriesRequest(_message.Message):
         remove_session: _builtins.bool = ...,
         envelope: _envelope_pb2.Envelope | None = ...,
         export_id: _builtins.str = ...,
+        side_calls: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "export_id", b"export_id", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "style", b"style"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "export_id", b"export_id", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "side_calls", b"side_calls", "style", b"style"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
