@@ -59,7 +59,9 @@ def run_driver(out: Path, engine: str, scenarios: list[str], timeout: float) -> 
     for s in scenarios:
         argv += ["--scenario", s]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"driver failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    assert p.returncode == 0, (
+        f"driver failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    )
     results: dict[str, Any] = {"_driver": json.loads((out / "driver.json").read_text())}
     for s in scenarios:
         name = s.split(":")[0]
@@ -118,26 +120,24 @@ def check_exported_exactly(r: dict[str, Any]) -> None:
 
 
 def check_retry_recorded_once(r: dict[str, Any]) -> None:
-    """The call the engine failed on purpose came again (the harness retried) and the
-    recording holds it once: the failed attempt is no row, the retry one."""
+    """The call the engine failed on purpose came again (the harness retried it) and the
+    recording holds it once: one row of that prompt, with the retry's answer."""
     failed = [c for c in r["engine_calls"] if c["failed"]]
     assert len(failed) == 1, f"expected one call failed on purpose, got {len(failed)}"
     [f] = failed
-    retries = [
-        c for c in answered_calls(r) if c["n"] > f["n"] and c["input_ids"] == f["input_ids"]
-    ]
-    assert retries, "the harness did not retry the failed call with the same prompt"
-    rows = [row for row in r["rows_individual"] if row["input_ids"][: len(f["input_ids"])] == f["input_ids"]]
-    exact = [row for row in rows if len(row["input_ids"]) == len(f["input_ids"]) + len(retries[0]["output_ids"])]
-    assert len(exact) == 1, f"the retried call is in {len(exact)} rows"
+    prompt = f["input_ids"]
+    retries = [c for c in answered_calls(r) if c["n"] > f["n"] and c["input_ids"] == prompt]
+    assert len(retries) == 1, f"the failed call was answered {len(retries)} times after it"
+    rows = [row for row in r["rows_individual"] if row["input_ids"][: len(prompt)] == prompt]
+    # Rows whose output starts right after that prompt (a later turn only extends it).
+    same_prompt = [row for row in rows if row["loss_mask"][len(prompt) : len(prompt) + 1] == [1]]
+    assert [row["input_ids"] for row in same_prompt] == [prompt + retries[0]["output_ids"]]
 
 
 def check_spans_are_sampled(r: dict[str, Any]) -> None:
     """Every trained span of every concat row is what the engine sampled, under exactly the
     prompt the engine saw (the row's ids before the span)."""
-    sampled = {
-        (tuple(c["input_ids"]), tuple(c["output_ids"])): c for c in answered_calls(r)
-    }
+    sampled = {(tuple(c["input_ids"]), tuple(c["output_ids"])): c for c in answered_calls(r)}
     for row in r["rows_concat"]:
         for a, b in spans(row["loss_mask"]):
             key = (tuple(row["input_ids"][:a]), tuple(row["input_ids"][a:b]))
@@ -152,9 +152,7 @@ def check_spans_are_sampled(r: dict[str, Any]) -> None:
 def main_chain_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The concat rows that hold a main (not side) engine call."""
     main = {
-        (tuple(c["input_ids"]), tuple(c["output_ids"]))
-        for c in answered_calls(r)
-        if not c["side"]
+        (tuple(c["input_ids"]), tuple(c["output_ids"])) for c in answered_calls(r) if not c["side"]
     }
     out = []
     for row in r["rows_concat"]:
@@ -201,6 +199,6 @@ def check_side_calls_marked(r: dict[str, Any], expect_side: bool) -> None:
     if rows and "side" not in rows[0]:
         pytest.xfail("needs branch chains: export rows carry no `side` mark")
     for row in rows:
-        key = (tuple(row["input_ids"][: len(row["loss_mask"]) - sum(row["loss_mask"])]),
-               tuple(row["input_ids"][len(row["loss_mask"]) - sum(row["loss_mask"]) :]))
+        p = len(row["loss_mask"]) - sum(row["loss_mask"])  # individual: prompt, then output
+        key = (tuple(row["input_ids"][:p]), tuple(row["input_ids"][p:]))
         assert bool(row["side"]) == (key in side), f"row {row['interaction_id']} side mark"

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "e2e")]
 
 import httpx  # noqa: E402
-from harness_setup import installed, prepare  # noqa: E402
+from harness_setup import Bounds, installed, prepare  # noqa: E402
 from stack import ADMIN_KEY, Stack, start_stack  # noqa: E402
 from testpaths import PARROT  # noqa: E402
 
@@ -42,6 +42,8 @@ HARNESS_TIMEOUT_S = 240
 # The scripted engine serves the parrot's tokenizer (512 ids) with a context that holds
 # Claude Code's first prompt (~50k of those ids).
 SCRIPTED_CONTEXT = 131072
+# SmolLM2 on 2 shared cores writes a few tokens a second: 32 tokens a call, 2 steps.
+SMOL_BOUNDS = Bounds(context=8192, output=32, steps=2)
 
 
 def loopback_up() -> None:
@@ -119,12 +121,18 @@ def run_scenario(
     root: Path,
     log: Path,
 ) -> dict[str, Any]:
-    httpx.post(engine_url + "/script", json={"fail_once_at_step": fail_step}, timeout=10)
+    if model == "scripted":
+        r = httpx.post(engine_url + "/script", json={"fail_once_at_step": fail_step}, timeout=10)
+        r.raise_for_status()
     with admin(stack) as c:
         r = c.post("/rl/start_session", json={"task_id": harness, "group_size": 1})
     r.raise_for_status()
     [sess] = r.json()["sessions"]
-    run = prepare(harness, exe, stack.gateway_url, sess["session_api_key"], model, root)
+    # The scripted engine's runs end by rule; a real model's are bounded.
+    bounds = SMOL_BOUNDS if model == "smol" else None
+    run = prepare(
+        harness, exe, stack.gateway_url, sess["session_api_key"], model, root, bounds=bounds
+    )
     seen = len(log.read_text().splitlines())
     t0 = time.monotonic()
     try:

@@ -61,7 +61,27 @@ def _base_env(home: Path) -> dict[str, str]:
     }
 
 
-def prepare(name: str, exe: str, gateway: str, key: str, model: str, root: Path) -> Run:
+@dataclass(frozen=True)
+class Bounds:
+    """Limits for a run on a real small model on the CPU, which may never submit and may
+    write until its context is full (a few tokens a second): each harness's own setting
+    for a model's context, its output per call and (mini-swe-agent) its steps."""
+
+    context: int
+    output: int
+    steps: int
+
+
+def prepare(
+    name: str,
+    exe: str,
+    gateway: str,
+    key: str,
+    model: str,
+    root: Path,
+    *,
+    bounds: Bounds | None = None,
+) -> Run:
     """A fresh HOME and work folder under `root`, the harness's config written there."""
     home, work = root / "home", root / "work"
     home.mkdir(parents=True, exist_ok=True)
@@ -110,7 +130,7 @@ def prepare(name: str, exe: str, gateway: str, key: str, model: str, root: Path)
                                 "baseURL": f"{gateway}/v1",
                                 "apiKey": "{env:AREAL_API_KEY}",
                             },
-                            "models": {model: {"name": model}},
+                            "models": {model: _opencode_model(model, bounds)},
                         }
                     },
                     "model": f"areal/{model}",
@@ -147,5 +167,20 @@ def prepare(name: str, exe: str, gateway: str, key: str, model: str, root: Path)
             "-o",
             str(trajectory),
         ]
+        if bounds:
+            argv += [
+                "-c",
+                f"agent.step_limit={bounds.steps}",
+                "-c",
+                f"model.model_kwargs.max_tokens={bounds.output}",
+            ]
         return Run(argv, env, work, trajectory)
     raise ValueError(f"unknown harness {name!r} (known: {', '.join(HARNESSES)})")
+
+
+def _opencode_model(model: str, bounds: Bounds | None) -> dict[str, object]:
+    entry: dict[str, object] = {"name": model}
+    if bounds:
+        # OpenCode asks for at most limit.output tokens (32000 when unset).
+        entry["limit"] = {"context": bounds.context, "output": bounds.output}
+    return entry

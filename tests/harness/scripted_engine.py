@@ -247,6 +247,7 @@ class Relay:
 
     upstream: str
     log_path: Path
+    tok: Tokenizer
     count: int = 0
     http: aiohttp.ClientSession | None = None
 
@@ -266,14 +267,19 @@ class Relay:
                 )
         req = json.loads(body)
         self.count += 1
+        prompt = await asyncio.to_thread(
+            self.tok.decode, req.get("input_ids") or [], skip_special_tokens=False
+        )
+        # Who calls, as the scripted engine tells it (the real model decides what to answer).
+        harness = _harness(_declared_tools(prompt))
         entry: dict[str, Any] = {
             "n": self.count,
             "t": time.time(),
             "rid": req.get("rid", ""),
             "stream": bool(req.get("stream")),
-            "harness": "",
-            "step": -1,
-            "side": False,
+            "harness": harness,
+            "step": prompt.count(MARKER),
+            "side": not harness,
             "max_new_tokens": (req.get("sampling_params") or {}).get("max_new_tokens"),
             "input_ids": req.get("input_ids"),
             "output_ids": [],
@@ -391,7 +397,9 @@ async def main() -> None:
     eos_token = cfg["eos_token"]
     eos = tok.token_to_id(eos_token if isinstance(eos_token, str) else eos_token["content"])
     engine = Engine(tok, eos, args.model_id, Path(args.log))
-    served = relay_app(Relay(args.relay.rstrip("/"), Path(args.log))) if args.relay else app(engine)
+    served = (
+        relay_app(Relay(args.relay.rstrip("/"), Path(args.log), tok)) if args.relay else app(engine)
+    )
     runner = web.AppRunner(served, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
