@@ -193,6 +193,8 @@ class Engine:
             "input_ids": ids,
             "output_ids": out,
             "logprobs": lps,
+            # Tool calls written in the answer (what a row's parse status must count).
+            "tool_calls": ans.text.count("<tool_call>"),
             "failed": False,
         }
         if ans.step == self.fail_once_at_step and not ans.side and ans.harness not in self.failed:

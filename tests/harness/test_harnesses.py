@@ -13,7 +13,8 @@ after the other); the tests read its results. Per harness:
   first at step 1) is recorded once, from the harness's retry;
 - every trained span of every concat row is what the engine sampled under exactly the prompt
   it saw, and the main conversation is one chain;
-- side calls (OpenCode's title) are marked side.
+- side calls (OpenCode's title) are marked side, and each row counts the tool calls the
+  engine wrote, all parsed.
 
 Where areal lacks a piece another branch brings, the test says so with an xfail naming it,
 decided from what the run showed (the error a harness printed, the proxy's default), so a
@@ -34,6 +35,7 @@ from harness_checks import (
     check_retry_recorded_once,
     check_side_calls_marked,
     check_spans_are_sampled,
+    check_tool_call_status,
     require_harnesses,
     result_of,
     run_driver,
@@ -55,10 +57,7 @@ def results(tmp_path_factory):
     if done := os.environ.get("AREAL_TEST_HARNESS_RESULTS"):
         # A driver output folder from an earlier run (quick iteration on the checks only).
         out = Path(done)
-        found = {"_driver": json.loads((out / "driver.json").read_text())}
-        for s in SCENARIOS:
-            found[s.split(":")[0]] = json.loads((out / f"{s.split(':')[0]}.json").read_text())
-        return found
+        return {f.stem: json.loads(f.read_text()) for f in out.glob("*.json")}
     require_harnesses()
     return run_driver(tmp_path_factory.mktemp("harnesses"), "scripted", SCENARIOS, timeout=1500)
 
@@ -120,6 +119,12 @@ def test_side_calls_are_marked(results, name):
     r = ran(results, name)
     # OpenCode names each session with a tool-less title call.
     check_side_calls_marked(r, expect_side=name == "opencode")
+
+
+@pytest.mark.parametrize("name", ["opencode", "mini", "claude", "codex"])
+def test_rows_count_the_tool_calls_parsed(results, name):
+    r = ran(results, name)
+    check_tool_call_status(r)
 
 
 def test_streamed_and_not(results):
