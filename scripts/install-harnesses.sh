@@ -15,7 +15,7 @@ dir=${AREAL_HARNESSES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/areal/harnesses}
 export UV_PYTHON_DOWNLOADS=never
 
 # The releases issue 31's table was measured with; each pin is the version whose requests
-# areal's tests and docs/harnesses.md describe (a new release sends new fields).
+# areal's harness tests run (a new release sends new fields).
 npm_pins=(
   # Claude Code 2.1.332: /v1/messages, streamed; its first prompt is ~17k SmolLM2 tokens.
   "@anthropic-ai/claude-code@2.1.332"

@@ -1,5 +1,5 @@
 """How each coding-agent harness is pointed at an areal gateway: its command line, its
-environment and the config files it reads, as a user would set them (docs/harnesses.md).
+environment and the config files it reads, as a user would set them.
 
 Only base URL, key and model are areal's; the rest keeps a harness from reaching the
 network or asking a person: a private HOME, no telemetry or update checks, and the flag
