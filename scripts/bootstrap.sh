@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make a fresh machine (Python 3.11 + pip only) ready: uv, the workspace venv,
-# the CPU engines, SGLang and vLLM, and the real instruct model SmolLM2-135M-Instruct
-# (all cached outside the checkout). Idempotent.
+# the CPU engines, SGLang and vLLM, the real instruct model SmolLM2-135M-Instruct and the
+# coding-agent harnesses (Claude Code, Codex, OpenCode, mini-swe-agent; all cached outside
+# the checkout). Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export UV_PYTHON_DOWNLOADS=never
@@ -14,6 +15,8 @@ uv sync --locked --quiet
 scripts/install-engine.sh sglang >/dev/null
 scripts/install-engine.sh vllm >/dev/null
 scripts/setup-model.sh smollm2 >/dev/null
+# The coding-agent harnesses the harness tests run unmodified (npm and PyPI, pinned; cached).
+scripts/install-harnesses.sh
 # Headless Chromium for the browser tests of `areal inf trace --html` (tests/trace_browser.py
 # drives it with Playwright; Debian's package, never a browser download). CI runs as root;
 # elsewhere without root those tests skip, and this says how to get it.

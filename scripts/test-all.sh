@@ -41,10 +41,11 @@ stage "unit tests" unit_tests
 real_model_tests=(
   tests/e2e/test_real_model.py tests/e2e/test_real_model_agents.py
   tests/e2e/test_real_model_long_sessions.py tests/e2e/test_setup_model.py
-  tests/train/test_smol_grpo.py
+  tests/train/test_smol_grpo.py tests/harness/test_harnesses_smol.py
 )
 # --durations: the slowest tests of each e2e stage, to keep the whole run under 45 minutes.
-stage "e2e tests (SGLang engine)" uv run --quiet pytest -q -p no:cacheprovider --durations=12 tests \
+# AREAL_TEST_REQUIRE_HARNESSES: bootstrap installed the harnesses; their tests must not skip.
+stage "e2e tests (SGLang engine)" env AREAL_TEST_REQUIRE_HARNESSES=1 uv run --quiet pytest -q -p no:cacheprovider --durations=12 tests \
   --ignore=tests/e2e/test_vllm_engine.py --ignore=tests/cluster "${real_model_tests[@]/#/--ignore=}"
 # A real two-node Ray cluster on this machine (one network + pid namespace per node, root
 # needed): --scheduler ray for inf and agent services, node loss, TLS (docs/cluster.md).
@@ -52,7 +53,7 @@ stage "e2e tests (Ray cluster)" env AREAL_TEST_REQUIRE_RAY=1 \
   uv run --quiet pytest -q -p no:cacheprovider --durations=8 tests/cluster
 stage "e2e tests (vLLM engine)" env AREAL_TEST_REQUIRE_VLLM=1 \
   uv run --quiet pytest -q -p no:cacheprovider tests/e2e/test_vllm_engine.py
-stage "e2e tests (SmolLM2 engine)" env AREAL_TEST_REQUIRE_REAL_MODEL=1 \
+stage "e2e tests (SmolLM2 engine)" env AREAL_TEST_REQUIRE_REAL_MODEL=1 AREAL_TEST_REQUIRE_HARNESSES=1 \
   uv run --quiet pytest -q -p no:cacheprovider "${real_model_tests[@]}"
 
 echo
