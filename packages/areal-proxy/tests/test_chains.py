@@ -365,3 +365,19 @@ def _export_request(sid: str, **kw: Any) -> proxy_pb2.ExportTrajectoriesRequest:
     return proxy_pb2.ExportTrajectoriesRequest(
         session_ids=[sid], discount=1.0, envelope=ADMIN, **kw
     )
+
+
+def test_a_title_call_recorded_first_is_no_parent_of_the_main_conversation() -> None:
+    # OpenCode's title call (no tools) can finish before its first main turn starts: the main
+    # conversation is still the session's root, not a chain that came from the title.
+    t0 = _turn("t0", 0, [1, 9], [8], path="full")
+    m1 = _turn("m1", 1, [1, 2], [3], tools=2, path="full:new_conversation")
+    m2 = _turn("m2", 2, [4], [5], parent=m1, tools=2, path="incremental")
+    s3 = _turn("s3", 3, [60], [61], tools=1, path="full:new_conversation")
+    rows = _rows([t0, m1, m2, s3])
+    assert [_chain(r) for r in rows] == [
+        ("t0", "root", "", True),
+        ("m1", "root", "", False),
+        # A later sub-agent's parent is the main conversation, never the title call.
+        ("s3", "new_conversation", "m1", False),
+    ]

@@ -88,6 +88,8 @@ def build(turns: list[Interaction]) -> list[Chain]:
     by_id = {it.interaction_id: it for it in turns}
     chain_of: dict[str, Chain] = {}
     out: list[Chain] = []
+    # Chains whose parent was found by time, not lineage, with their first turn's index.
+    by_time: list[tuple[Chain, int]] = []
     for i, it in enumerate(turns):
         parent = by_id.get(it.parent_id) if it.parent_id else None
         reason = ""
@@ -119,8 +121,32 @@ def build(turns: list[Interaction]) -> list[Chain]:
         chain = Chain(it.interaction_id, [it], reason, came_from, mark=it.call_kind)
         chain_of[it.interaction_id] = chain
         out.append(chain)
+        if parent is None:
+            by_time.append((chain, i))
     _decide_sides(out)
+    _past_side_calls(turns, chain_of, by_time)
     return out
+
+
+def _past_side_calls(
+    turns: list[Interaction], chain_of: dict[str, Chain], by_time: list[tuple[Chain, int]]
+) -> None:
+    """A trained chain found its parent by time: never a side call. A harness's title call
+    starts beside its first turn and may finish first; the main conversation came from no
+    title, so its parent is the latest trained chain before it, and with none it is the
+    session's `root`."""
+    for chain, i in by_time:
+        if chain.side or not chain.parent or not chain_of[chain.parent].side:
+            continue
+        started = turns[i].created_at
+        chain.parent = ""
+        for j in range(i - 1, -1, -1):
+            before = chain_of[turns[j].interaction_id]
+            if turns[j].finished_at <= started and not before.side:
+                chain.parent = before.chain_id
+                break
+        if not chain.parent:
+            chain.reason = "root"
 
 
 def _latest_before(turns: list[Interaction], i: int) -> Interaction | None:
