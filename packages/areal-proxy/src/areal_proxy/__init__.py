@@ -1,3 +1,3 @@
 """areal-proxy."""
 
-__version__ = "0.3.8"
+__version__ = "0.4.0"
