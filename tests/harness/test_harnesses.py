@@ -16,9 +16,6 @@ after the other); the tests read its results. Per harness:
 - side calls (OpenCode's title) are marked side, and each row counts the tool calls the
   engine wrote, all parsed.
 
-Where areal lacks a piece another branch brings, the test says so with an xfail naming it,
-decided from what the run showed (the error a harness printed, the proxy's default), so a
-run that fails for another reason fails.
 """
 
 from __future__ import annotations
@@ -45,11 +42,6 @@ from scripted_engine import FINAL_TEXT, MARKER, PROOF_FILE
 
 # name:harness:step whose first request the engine fails once (the harness retries it).
 SCENARIOS = ["opencode:opencode:1", "mini:mini:1", "claude:claude:1", "codex:codex:1"]
-# Errors of the harnesses on areal before the branches that let them run (issue 31's table).
-KNOWN_REFUSALS = {
-    "claude": ("context_management", "needs branch msgs (Claude Code's /v1/messages fields)"),
-    "codex": ("client_metadata", "needs branch resp (Codex's /v1/responses fields)"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +55,8 @@ def results(tmp_path_factory):
 
 
 def ran(results, name: str) -> dict:
-    """The scenario's result, or an xfail when the harness was refused as before its branch."""
-    r = result_of(results, name)
-    known = KNOWN_REFUSALS.get(name)
-    if r["rc"] != 0 and known:
-        said = [ln for ln in (r["stdout"] + r["stderr"]).splitlines() if known[0] in ln]
-        if said:
-            pytest.xfail(f"{known[1]}: {said[0][:300]}")
-    return r
+    """The scenario's result."""
+    return result_of(results, name)
 
 
 @pytest.mark.parametrize("name", ["opencode", "mini", "claude", "codex"])

@@ -198,8 +198,9 @@ async def test_every_exported_row_matches_the_canonical_schema() -> None:
             assert uncertified_spans(r["input_ids"], r["spans"]) == []
             assert r["tool_calls"] == {"declared": 0, "called": 0, "parsed": 0}
             assert r["side"] is False
-        # Every turn a chain of its own: the first is the root; the completion, and the
-        # choices of a request whose messages extend no turn, come after it unlinked.
+        # Every turn a chain of its own: the first is the root; the completion comes after it
+        # unlinked, and the choices of a request whose messages extend no turn are a new
+        # conversation of the session.
         chains = {
             iid: (r["chain_id"], r["chain_reason"], r["parent_chain"]) for iid, r in rows.items()
         }
@@ -207,6 +208,6 @@ async def test_every_exported_row_matches_the_canonical_schema() -> None:
         assert chains[text["id"]] == (text["id"], "unlinked", chat["id"])
         for i in range(3):
             iid = f"{many['id']}-{i}"
-            assert chains[iid] == (iid, "unlinked", text["id"])
+            assert chains[iid] == (iid, "new_conversation", text["id"])
     finally:
         await h.close()

@@ -444,8 +444,9 @@ class PromptPaths(_Response):
         "fallback"
     )
     fallbacks: dict[str, int] = Field(
-        description="the fallbacks among `full`, by reason: `history_edited`, `not_cached`, "
-        "`render_changed`, `tokenizer_unsupported`"
+        description="the fallbacks among `full`, by reason: `new_conversation` (a turn "
+        "extending no earlier one: a sub-agent, a title call), `history_edited`, `not_cached`, "
+        "`render_changed`, `boundary_unknown`, `tokenizer_unsupported`"
     )
     cached: bool = Field(
         description="the session's last turn is in the proxy's turn cache (a next turn that "

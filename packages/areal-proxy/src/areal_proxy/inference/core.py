@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
+# An engine limit this close to the model's context is the engine's margin, not its KV cache.
+_ENGINE_MARGIN = 64
+
+
 @dataclass(frozen=True, slots=True)
 class InferenceConfig:
     model: str
@@ -241,7 +245,15 @@ class InferenceCore:
 
     def _too_long(self, tokens: int, param: str, *, at_least: bool = False) -> InvalidRequest:
         size = f"the prompt is {'at least ' if at_least else ''}{tokens} tokens"
-        if self._engine_binds():
+        if self._engine_binds() and self.model_context - self.engine_context <= _ENGINE_MARGIN:
+            # SGLang takes a few tokens less than the model's context (its own margin): the
+            # model's context is the limit, and no engine flag lifts it.
+            limit = (
+                f"this model's context length is {self.model_context} (its engine takes "
+                f"prompts of fewer than {self.engine_context} tokens); shorten '{param}' or "
+                "serve a model with a longer context"
+            )
+        elif self._engine_binds():
             limit = (
                 f"the engine serving this model takes prompts of fewer than "
                 f"{self.engine_context} tokens (its KV cache or context is smaller than the "
