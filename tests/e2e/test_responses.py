@@ -177,12 +177,23 @@ def test_a_session_key_records_responses_like_chats_and_chains(stack, tok):
 def test_unsupported_parameters_are_refused_before_generation(stack):
     client = _sdk(stack)
     with pytest.raises(openai.BadRequestError) as ei:
-        client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
-    assert ei.value.code == "unsupported_parameter"
-    assert ei.value.body["param"] == "tools[0].type"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError) as ei:
         client.responses.create(model=MODEL, input="x", background=True)
     assert ei.value.body["param"] == "background"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.responses.create(model=MODEL, input="x", include=["no.such.include"])
+    assert ei.value.code == "unsupported_parameter"
+    assert ei.value.body["param"] == "include[0]"  # type: ignore[index]
+
+
+def test_a_hosted_tool_is_left_out_and_said(stack):
+    """A hosted tool areal cannot run (Codex sends `web_search` on every request) is left
+    out of the prompt, not refused: the answer comes, and its header names what was left."""
+    client = _sdk(stack)
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="x", tools=[{"type": "web_search"}], max_output_tokens=2
+    )
+    assert raw.headers["x-areal-left-out"] == "tools[0]"
+    assert raw.parse().status == "incomplete"  # the parrot ran to max_output_tokens
 
 
 def test_openai_agents_default_runner(stack, tok):

@@ -315,9 +315,9 @@ def test_ndjson_client_gone_mid_stream_loses_nothing(concat_stack):
     g = start_group(concat_stack, 4)
     for s in g["sessions"]:
         chat_turns(concat_stack, s, 3)
-    everything = export(concat_stack, group_id=g["group_id"])
+    everything = export(concat_stack, group_id=g["group_id"], style="individual")
     assert len(everything) == 12
-    body = {"group_id": g["group_id"], "remove_session": True}
+    body = {"group_id": g["group_id"], "remove_session": True, "style": "individual"}
     ndjson = {"Accept": "application/x-ndjson"}
     # The client reads a few lines and goes away (the gateway and the proxy may well have sent
     # everything by then: the server cannot know what the client kept).
@@ -332,7 +332,7 @@ def test_ndjson_client_gone_mid_stream_loses_nothing(concat_stack):
     assert [json.loads(x) for x in got] == everything[:3]
     time.sleep(0.5)  # whatever the gateway still does with the cut stream
     # Every row is still there, and the pins are too.
-    assert export(concat_stack, group_id=g["group_id"]) == everything
+    assert export(concat_stack, group_id=g["group_id"], style="individual") == everything
     assert pinned(concat_stack) == pins_before + 5
     assert cut_export_id  # the export had an id to acknowledge, and nobody did
     # Read whole, then acknowledged: removed, pins released.
@@ -378,10 +378,10 @@ def test_json_export_failing_on_a_second_proxy_removes_nothing(sglang_engine, tm
         ids1 = [x["session_id"] for x in g1["sessions"]]
         ids2 = [x["session_id"] for x in g2["sessions"]]
         ids = ids1 + ids2  # the first proxy's part is read first
-        everything = export(s, session_ids=ids)
+        everything = export(s, session_ids=ids, style="individual")
         assert len(everything) == 8
         pins = pinned(s)
-        body = {"session_ids": ids, "remove_session": True}
+        body = {"session_ids": ids, "remove_session": True, "style": "individual"}
         victim = s.proxies[second]
         # The second proxy hangs mid-export (SIGSTOP): the request fails, the first proxy's
         # part was read and is still there.
@@ -392,20 +392,20 @@ def test_json_export_failing_on_a_second_proxy_removes_nothing(sglang_engine, tm
             assert r.status_code >= 500, r.text
         finally:
             os.killpg(victim.comp.pgid, signal.SIGCONT)
-        assert export(s, session_ids=ids) == everything
+        assert export(s, session_ids=ids, style="individual") == everything
         # The second proxy dies (SIGKILL): the same, and it comes back with its records.
         os.killpg(victim.comp.pgid, signal.SIGKILL)
         victim.popen.wait(timeout=10)
         with admin(s) as c:
             r = c.post("/rl/export_trajectories", json=body)
         assert r.status_code >= 500, r.text
-        assert export(s, session_ids=ids1) == everything[:4]
+        assert export(s, session_ids=ids1, style="individual") == everything[:4]
         argv = proxy_argv(s, sglang_engine.url, MODEL, PARROT, second, [], port=victim.info["port"])
         s.proxies[second] = launch(victim.comp.name, argv, s.log_dir, s.env)
         wait_healthy(s, MODEL, 2)
         assert pinned(s) == pins
         # Back: an export with removal returns everything, and its ack removes everything.
-        rows, ack = export_removing(s, session_ids=ids)
+        rows, ack = export_removing(s, session_ids=ids, style="individual")
         assert rows == everything
         assert sorted(ack["removed"]) == sorted(ids) and ack["kept"] == []
         with admin(s) as c:
@@ -561,8 +561,11 @@ async def test_thousand_sessions_three_turns_bounded_memory(sglang_engine, tmp_p
                     headers={"Authorization": f"Bearer {ADMIN_KEY}"},
                 )
                 assert len(a.json()["removed"]) == 50, a.text
-                assert len(rows) == 150 and {len(rw["interaction_ids"]) for rw in rows} == {1}
-                total += len(rows)
+                # One row per session (the default style): its three turns, each continuing the
+                # exact ids of the one before, are one chain.
+                assert len(rows) == 50 and {len(rw["interaction_ids"]) for rw in rows} == {3}
+                assert {rw["chain_reason"] for rw in rows} == {"root"}
+                total += sum(len(rw["interaction_ids"]) for rw in rows)
         assert total == 3000
         # Removed with their groups, the sessions hold no pin on the router any more.
         assert pinned(s) == 0
