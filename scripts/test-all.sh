@@ -18,7 +18,7 @@ stage() {
   echo "=== stage: $name done in ${dt}s"
 }
 
-packages=(areal-proto areal-runtime areal-cli areal-router areal-proxy areal-gateway areal-agent-worker areal-train areal-client)
+packages=(areal-proto areal-runtime areal-cli areal-router areal-proxy areal-gateway areal-agent-worker areal-agent-proxy areal-train areal-client)
 
 unit_tests() {
   for pkg in "${packages[@]}"; do

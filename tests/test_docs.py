@@ -22,7 +22,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES_MD = ROOT / "docs/services.md"
-BINARIES = ("areal-gateway", "areal-router", "areal-proxy", "areal-agent-worker")
+BINARIES = (
+    "areal-gateway",
+    "areal-router",
+    "areal-proxy",
+    "areal-agent-proxy",
+    "areal-agent-worker",
+)
 
 _FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 

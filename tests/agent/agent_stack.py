@@ -128,9 +128,7 @@ def start_pair(
         proxy = launch(
             f"proxy-{index}",
             [
-                "areal-proxy",
-                "--mode",
-                "agent",
+                "areal-agent-proxy",
                 "--worker-addr",
                 f"{worker.info['host']}:{worker.info['port']}",
                 "--proxy-id",

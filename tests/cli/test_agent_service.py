@@ -1,6 +1,6 @@
 """Every `areal agent` command of docs/cli.md, run as written against the real binaries.
 
-areal-router, areal-gateway (--mode agent), areal-proxy (--mode agent) and
+areal-router, areal-gateway (--mode agent), areal-agent-proxy and
 areal-agent-worker with `examples.agents.echo.EchoAgent`, from the repository
 root (the CLI puts its working directory first on the workers' PYTHONPATH). No
 engine is needed. The `areal` fixture (conftest.py) gives each test a fresh
@@ -21,7 +21,12 @@ import urllib.request
 import pytest
 from cli_helpers import BIN
 
-AGENT_BINARIES = ("areal-gateway", "areal-router", "areal-proxy", "areal-agent-worker")
+AGENT_BINARIES = (
+    "areal-gateway",
+    "areal-router",
+    "areal-agent-proxy",
+    "areal-agent-worker",
+)
 MISSING = [b for b in AGENT_BINARIES if not (shutil.which(b) or (BIN / b).exists())]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"binaries not installed: {MISSING}")
 

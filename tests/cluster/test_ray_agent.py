@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "areal-ray-agent-admin-key"
 SERVICE = "rayag"
 ECHO = "examples.agents.echo.EchoAgent"
-OURS = (b"areal-agent-worker", b"areal-proxy", b"areal-gateway", b"areal-router")
+OURS = (b"areal-agent-worker", b"areal-agent-proxy", b"areal-gateway", b"areal-router")
 
 pytestmark = [pytest.mark.cluster]
 

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
 # Workspace packages the gateway must not need, and the proxy's heavy dependencies.
 ABSENT = ("areal_proxy", "areal_router", "areal_cli", "areal_client", "areal_agent_worker",
-          "tokenizers", "aiohttp", "jinja2")  # fmt: skip
+          "areal_agent_proxy", "tokenizers", "aiohttp", "jinja2")  # fmt: skip
 PRESENT = ("areal_gateway", "areal_proto", "areal_runtime", "fastapi", "grpc")
 
 

@@ -34,7 +34,13 @@ pytestmark = [
     pytest.mark.skipif(
         not all(
             shutil.which(b) or (BIN / b).exists()
-            for b in ("areal-gateway", "areal-router", "areal-proxy", "areal-agent-worker")
+            for b in (
+                "areal-gateway",
+                "areal-router",
+                "areal-proxy",
+                "areal-agent-proxy",
+                "areal-agent-worker",
+            )
         ),
         reason="service binaries not installed",
     ),

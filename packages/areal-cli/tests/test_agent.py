@@ -167,12 +167,15 @@ def agent(fakes, tmp_path):
     w = b / "fake-agent-worker"
     w.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" agent-worker "$@"\n')
     w.chmod(0o755)
+    ap = b / "fake-agent-proxy"
+    ap.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" agent-proxy "$@"\n')
+    ap.chmod(0o755)
     (fakes.home / "agent").mkdir()
     (fakes.home / "agent" / "config.toml").write_text(
         "[binaries]\n"
         f'gateway = "{b}/fake-gateway"\n'
         f'router = "{b}/fake-router"\n'
-        f'proxy = "{b}/fake-proxy"\n'
+        f'proxy = "{ap}"\n'
         f'agent_worker = "{w}"\n'
     )
     proj = tmp_path / "proj"
@@ -252,7 +255,8 @@ def test_run_ps_status_logs_stop(agent):
     for i in (0, 1):
         w, p = comps[f"worker-{i}"], comps[f"proxy-{i}"]
         assert w["argv"][w["argv"].index("--agent") + 1] == AGENT
-        assert p["argv"][p["argv"].index("--mode") + 1] == "agent"
+        # The agent worker's data proxy is its own binary, which has no --mode.
+        assert p["argv"][0].endswith("fake-agent-proxy") and "--mode" not in p["argv"]
         worker_addr = p["argv"][p["argv"].index("--worker-addr") + 1]
         assert worker_addr == w["meta"]["address"]
         assert p["argv"][p["argv"].index("--session-timeout") + 1] == "1800"
@@ -364,7 +368,7 @@ def test_unhealthy_pair_hits_setup_timeout(agent):
     assert not agent.wait_gone(5) and agent.state() is None
 
 
-@pytest.mark.parametrize("role", ["router", "gateway", "proxy", "agent-worker"])
+@pytest.mark.parametrize("role", ["router", "gateway", "agent-proxy", "agent-worker"])
 def test_component_crash_at_launch_cleans_up(agent, role):
     r = agent("run", "--agent", AGENT, "--num-pairs", "2", env={"FAKE_CRASH": role})
     assert r.returncode == 1

@@ -44,9 +44,14 @@ BINARIES = {
 }
 
 
+# An agent service's data proxies are the areal-agent-proxy binary; the config key stays
+# `proxy` (`[binaries] proxy` in agent/config.toml), the one it was before that binary existed.
+AGENT_BINARIES = {**BINARIES, "proxy": "areal-agent-proxy"}
+
+
 def resolve_binary(cfg: Config, key: str) -> str:
     """A service binary: `[binaries] <key>` in the config, else on PATH."""
-    name = BINARIES[key]
+    name = (AGENT_BINARIES if cfg.group == "agent" else BINARIES)[key]
     configured = cfg.get("binaries", key)
     if configured:
         path = os.path.expanduser(configured)

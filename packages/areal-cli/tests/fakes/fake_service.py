@@ -1,4 +1,4 @@
-"""Stand-ins for areal-gateway / areal-router / areal-proxy / an SGLang engine.
+"""Stand-ins for areal-gateway / areal-router / areal-proxy / areal-agent-proxy / an SGLang engine.
 
 Stdlib only. They follow the contract of docs/services.md (flags, ready file,
 gateway /health with pid, admin API with the Bearer admin key) so the CLI's
@@ -216,29 +216,37 @@ def main() -> None:
             "--engine",
             "--request-timeout",
             "--chat-template-type",
-            "--mode",
-            "--worker-addr",
-            "--session-timeout",
             "--drain-timeout",
-            "--inf-gateway-url",
-            "--inf-model",
             "--db-path",
             "--router-addr",
             "--migration-limit",
         ):
             p.add_argument(flag)
         a = p.parse_args(argv)
-        if a.mode == "agent":
-            if not a.worker_addr:
-                sys.exit("proxy: --worker-addr is required in agent mode")
-            if a.inf_gateway_url and not os.environ.get("AREAL_PROXY_INF_ADMIN_API_KEY"):
-                sys.exit("proxy: linked but AREAL_PROXY_INF_ADMIN_API_KEY is not set")
         if a.db_path:
             # Like SQLite: plain open() (0666 less the umask) of the db and its WAL.
             for suffix in ("", "-wal"):
                 with open(a.db_path + suffix, "a"):
                     pass
         serve_tcp(a.host, a.port, a.ready_file, "proxy")
+    elif role == "agent-proxy":
+        # Like areal-agent-proxy: no --mode, no engine flags (argparse refuses them).
+        for flag in (
+            "--proxy-id",
+            "--request-timeout",
+            "--worker-addr",
+            "--session-timeout",
+            "--drain-timeout",
+            "--inf-gateway-url",
+            "--inf-model",
+        ):
+            p.add_argument(flag)
+        a = p.parse_args(argv)
+        if not a.worker_addr:
+            sys.exit("agent-proxy: --worker-addr is required")
+        if a.inf_gateway_url and not os.environ.get("AREAL_PROXY_INF_ADMIN_API_KEY"):
+            sys.exit("agent-proxy: linked but AREAL_PROXY_INF_ADMIN_API_KEY is not set")
+        serve_tcp(a.host, a.port, a.ready_file, "agent-proxy")
 
 
 if __name__ == "__main__":

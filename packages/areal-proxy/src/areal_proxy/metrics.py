@@ -1,8 +1,6 @@
-"""Prometheus metrics of one proxy, served on --metrics-port (/metrics).
+"""Prometheus metrics of one proxy, served on --metrics-port (/metrics): RPCs, tokens, engine.
 
-`ProxyMetrics`: an inference-mode proxy (RPCs, tokens, engine). `AgentProxyMetrics`: an
-agent-mode proxy (turns by outcome, turn latency, errors, running turns, sessions, worker
-health); it exports none of the inference metrics, which no agent turn moves."""
+The agent proxy's turn metrics live in areal_agent_proxy.metrics."""
 
 from __future__ import annotations
 
@@ -167,47 +165,3 @@ class ProxyMetrics(_Served):
             self.ttft.observe(ttft)
         if attempts > 1:
             self.resubmits.inc(attempts - 1)
-
-
-# Outcomes of an agent turn: `ok`; `error` (the agent's error event, a worker failure, or a
-# turn refused before it ran: unknown session, wrong key, draining); `cancelled` (the
-# caller went away mid-turn).
-TURN_OUTCOMES = ("ok", "error", "cancelled")
-
-
-class AgentProxyMetrics(_Served):
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.turns = Counter(
-            "areal_proxy_agent_turns_total", "agent turns by outcome", ["outcome"], registry=r
-        )
-        self.turn_seconds = Histogram(
-            "areal_proxy_agent_turn_seconds",
-            "agent turn latency, from the turn's RPC to its last event, by outcome",
-            ["outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.errors = Counter(
-            "areal_proxy_agent_errors_total",
-            "failed agent turns by error code (agent_error: the agent's own error event)",
-            ["code"],
-            registry=r,
-        )
-        self.running = Gauge(
-            "areal_proxy_agent_running_turns", "agent turns running now", registry=r
-        )
-        self.sessions = Gauge("areal_proxy_agent_sessions", "open agent sessions", registry=r)
-        self.worker_healthy = Gauge(
-            "areal_proxy_agent_worker_healthy", "1 when the agent worker serves", registry=r
-        )
-        for outcome in TURN_OUTCOMES:  # every series exists from the start (reads 0)
-            self.turns.labels(outcome)
-            self.turn_seconds.labels(outcome)
-
-    def observe_turn(self, outcome: str, seconds: float, code: str = "") -> None:
-        self.turns.labels(outcome).inc()
-        self.turn_seconds.labels(outcome).observe(seconds)
-        if outcome == "error":
-            self.errors.labels(code or "unknown").inc()

@@ -322,10 +322,6 @@ def create_server(settings: Settings, engine: EngineClient | None = None) -> Pro
 
 async def serve(settings: Settings) -> int:
     tracing.setup("areal-proxy")
-    if settings.mode == "agent":
-        from areal_proxy.agent.server import serve_agent
-
-        return await serve_agent(settings)
     server = create_server(settings)
     await server.start()
     write_ready_file(

@@ -24,9 +24,15 @@ class Settings:
     metrics_port: int = field(
         default=0, metadata={"help": "Prometheus /metrics port; 0 = the OS picks, -1 = off"}
     )
+    # Only "inference" serves; "agent" is still a choice so that the command line of a data
+    # proxy before agent mode became areal-agent-proxy gets a pointer there, not "invalid
+    # choice".
     mode: str = field(
         default="inference",
-        metadata={"choices": ["inference", "agent"], "help": "what sits behind"},
+        metadata={
+            "choices": ["inference", "agent"],
+            "help": "inference (the agent worker's proxy is the areal-agent-proxy binary)",
+        },
     )
     # The engine replica this proxy sits in front of.
     engine_url: str = field(default="", metadata={"help": "base URL of the engine replica"})
@@ -132,23 +138,6 @@ class Settings:
             "recently used sessions are evicted past it (0 = off: every turn is tokenized whole)"
         },
     )
-    # Agent mode.
-    worker_addr: str = field(
-        default="", metadata={"help": "host:port of the agent worker (agent mode)"}
-    )
-    session_timeout: float = field(
-        default=1800.0, metadata={"help": "seconds an idle agent session lives (agent mode)"}
-    )
-    inf_gateway_url: str = field(
-        default="",
-        metadata={"help": "inference gateway that records the agent's LLM calls (agent mode)"},
-    )
-    inf_model: str = field(
-        default="", metadata={"help": "model the agent's LLM calls use (agent mode)"}
-    )
-    inf_admin_api_key: str = field(
-        default="", metadata={"secret": True, "help": "admin key of the linked inference gateway"}
-    )
 
     def resolved_db_path(self) -> str:
         if self.db_path:
@@ -160,7 +149,10 @@ class Settings:
     def problems(self) -> list[str]:
         """What is missing for the chosen mode (empty when the settings are usable)."""
         if self.mode == "agent":
-            return [] if self.worker_addr else ["--worker-addr is required in agent mode"]
+            return [
+                "--mode agent: the agent worker's data proxy is its own binary now; run "
+                "areal-agent-proxy --worker-addr HOST:PORT (package areal-agent-proxy)"
+            ]
         out = []
         for name in ("engine_url", "model", "tokenizer_path"):
             if not getattr(self, name):

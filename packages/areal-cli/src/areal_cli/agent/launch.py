@@ -3,7 +3,7 @@
 Assembly: router -> gateway (`--mode agent --router-addr`) -> per pair i the agent
 worker `worker-<i>` (`areal-agent-worker --agent pkg.module.Class`, with the
 caller's working directory first on PYTHONPATH so a package beside the caller
-imports), then its data proxy `proxy-<i>` (`areal-proxy --mode agent
+imports), then its data proxy `proxy-<i>` (`areal-agent-proxy
 --worker-addr <worker>`) -> `POST /admin/pairs {"proxy_id", "address"}` on the
 gateway for each pair -> wait until every component is healthy. Then `run`
 returns and the service keeps running.
@@ -448,7 +448,7 @@ def _start_pairs(
     waits, pinfos = [], []
     for pair in state["pairs"]:
         ready = launcher.ready_file(pair["proxy"])
-        argv = [proxy_bin, "--mode", "agent", "--host", "127.0.0.1", "--port", "0"]
+        argv = [proxy_bin, "--host", "127.0.0.1", "--port", "0"]
         argv += ["--ready-file", str(ready), *common]
         argv += ["--worker-addr", pair["worker_address"], "--proxy-id", pair["proxy_id"]]
         argv += ["--session-timeout", f"{plan.session_timeout:g}", *link]

@@ -153,7 +153,7 @@ def _unit(
     worker_argv = [worker_bin, "--agent", plan.agent, "--host", "127.0.0.1"]
     worker_argv += ["--port", "{port:worker}", "--ready-file", "{run}/" + worker + ".ready"]
     worker_argv += common_args
-    proxy_argv = [proxy_bin, "--mode", "agent", "--host", "{node_ip}", "--port", "{port:proxy}"]
+    proxy_argv = [proxy_bin, "--host", "{node_ip}", "--port", "{port:proxy}"]
     proxy_argv += ["--ready-file", "{run}/" + proxy + ".ready", *common_args]
     proxy_argv += ["--worker-addr", "127.0.0.1:{port:worker}", "--proxy-id", pair["proxy_id"]]
     proxy_argv += ["--session-timeout", f"{plan.session_timeout:g}", *link]
@@ -163,7 +163,7 @@ def _unit(
         tls,
         needs=[
             ("the areal-agent-worker binary", worker_bin),
-            ("the areal-proxy binary", proxy_bin),
+            ("the areal-agent-proxy binary", proxy_bin),
         ],
         processes=[
             {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from areal_proxy.agent.sessions import IDLE_TIMEOUT_KEY, AgentSessions
+from areal_agent_proxy.sessions import IDLE_TIMEOUT_KEY, AgentSessions
 
 
 def test_a_session_may_have_a_shorter_idle_timeout() -> None:

@@ -10,10 +10,10 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from areal_agent_proxy.server import AgentProxyServer
+from areal_agent_proxy.settings import Settings
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.agent.server import AgentProxyServer
-from areal_proxy.settings import Settings
 
 
 def _free_port() -> int:
@@ -26,7 +26,6 @@ def _free_port() -> int:
 @pytest.fixture
 async def agent_proxy():
     settings = Settings(
-        mode="agent",
         worker_addr=f"127.0.0.1:{_free_port()}",
         metrics_port=-1,
         drain_timeout=0.5,

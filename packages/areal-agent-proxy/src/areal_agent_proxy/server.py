@@ -1,4 +1,4 @@
-"""Run the data proxy in agent mode: sessions in front of one agent worker."""
+"""The agent proxy's server: sessions in front of one agent worker, ordered drain, `serve`."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from areal_proxy import __version__
-from areal_proxy.agent.inference_link import InferenceLink
-from areal_proxy.agent.service import AgentModeServicer, add_to_server
-from areal_proxy.agent.sessions import AgentSessions
-from areal_proxy.agent.worker_client import WorkerClient
-from areal_proxy.metrics import AgentProxyMetrics
-from areal_proxy.settings import Settings
-from areal_runtime import tls
+from areal_agent_proxy import __version__
+from areal_agent_proxy.inference_link import InferenceLink
+from areal_agent_proxy.metrics import AgentProxyMetrics
+from areal_agent_proxy.service import AgentModeServicer, add_to_server
+from areal_agent_proxy.sessions import AgentSessions
+from areal_agent_proxy.settings import Settings
+from areal_agent_proxy.worker_client import WorkerClient
+from areal_runtime import tls, tracing
 from areal_runtime.auth import server_interceptors
 from areal_runtime.ready import write_ready_file
 
-log = logging.getLogger("areal_proxy.agent")
+log = logging.getLogger("areal_agent_proxy")
 
 # grpc.health names: "" (the whole server) and each service this mode serves.
 _SERVICE_NAMES = ("", "areal.proxy.v1.AgentProxyService", "areal.proxy.v1.ProxyStatusService")
@@ -84,7 +84,8 @@ class AgentProxyServer:
         log.info("stopped")
 
 
-async def serve_agent(settings: Settings) -> int:
+async def serve(settings: Settings) -> int:
+    tracing.setup("areal-agent-proxy")
     server = AgentProxyServer(settings)
     await server.start()
     write_ready_file(
@@ -102,5 +103,7 @@ async def serve_agent(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log.info("signal received: shutting down")
     await server.shutdown()
+    tracing.shutdown()
     return 0

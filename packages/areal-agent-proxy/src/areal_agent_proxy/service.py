@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 import orjson
 
+from areal_agent_proxy.inference_link import InferenceLink
+from areal_agent_proxy.metrics import AgentProxyMetrics
+from areal_agent_proxy.sessions import AgentSession, AgentSessions
+from areal_agent_proxy.worker_client import WorkerClient
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.agent.inference_link import InferenceLink
-from areal_proxy.agent.sessions import AgentSession, AgentSessions
-from areal_proxy.agent.worker_client import WorkerClient
-from areal_proxy.metrics import AgentProxyMetrics
 from areal_runtime.errors import (
     Conflict,
     Draining,
@@ -28,7 +28,7 @@ from areal_runtime.errors import (
 )
 from areal_runtime.session_keys import new_id
 
-log = logging.getLogger("areal_proxy.agent")
+log = logging.getLogger("areal_agent_proxy")
 
 # The session key a non-admin caller presented, on calls without an envelope (close,
 # history); absent = the gateway acts for the admin. The internal token authenticates the
@@ -138,7 +138,7 @@ class AgentModeServicer(
             return
         message = orjson.loads(request.message) if request.message else ""
         metadata = orjson.loads(request.metadata) if request.metadata else {}
-        # ok | error | cancelled (areal_proxy.metrics.TURN_OUTCOMES); None until known.
+        # ok | error | cancelled (areal_agent_proxy.metrics.TURN_OUTCOMES); None until known.
         outcome: str | None = None
         code = ""
         try:

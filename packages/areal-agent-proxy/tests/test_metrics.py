@@ -16,11 +16,11 @@ import orjson
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from areal_agent_proxy.server import AgentProxyServer
+from areal_agent_proxy.settings import Settings
 from areal_proto.agent.v1 import agent_worker_pb2, agent_worker_pb2_grpc
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.agent.server import AgentProxyServer
-from areal_proxy.settings import Settings
 
 N_OK = 5
 N_FAILED = 2
@@ -56,7 +56,6 @@ async def proxy():
     await hs.set("", health_pb2.HealthCheckResponse.SERVING)
     server = AgentProxyServer(
         Settings(
-            mode="agent",
             worker_addr=f"127.0.0.1:{worker_port}",
             metrics_port=0,
             drain_timeout=0.5,

@@ -14,11 +14,11 @@ import grpc
 import pytest
 from aiohttp import web
 
+from areal_agent_proxy.inference_link import InferenceLink
+from areal_agent_proxy.server import AgentProxyServer
+from areal_agent_proxy.settings import Settings
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.agent.inference_link import InferenceLink
-from areal_proxy.agent.server import AgentProxyServer
-from areal_proxy.settings import Settings
 from areal_runtime.errors import (
     InvalidRequest,
     ServiceError,
@@ -228,7 +228,6 @@ async def test_the_agent_proxy_passes_the_export_id_on_and_acks_only_when_asked(
         sock.bind(("127.0.0.1", 0))
         worker_port = sock.getsockname()[1]
     settings = Settings(
-        mode="agent",
         worker_addr=f"127.0.0.1:{worker_port}",
         metrics_port=-1,
         drain_timeout=0.5,

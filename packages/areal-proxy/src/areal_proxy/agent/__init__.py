@@ -1,1 +1,0 @@
-"""Agent mode: the data proxy in front of one agent worker (sessions, history, turns)."""
