@@ -34,6 +34,10 @@ stage "ruff" bash -c "uv run --quiet ruff check . && uv run --quiet ruff format 
 stage "mypy (package code)" uv run --quiet mypy packages/*/src
 stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
 stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
+# Each package's modules in layers, imports one way (importlinter.toml), and the size rule
+# (scripts/check_sizes.py: modules <= 500 lines, classes <= 300, or allow-listed with a reason).
+stage "layers (import-linter)" uv run --quiet lint-imports --config importlinter.toml --no-cache
+stage "sizes" uv run --quiet python scripts/check_sizes.py
 stage "unit tests" unit_tests
 # One engine at a time: the SGLang session engine and vLLM would share 2 cores and 6.5 GB.
 # The real model's suites (its engine, shared by the first three files; a fresh set-up; a
