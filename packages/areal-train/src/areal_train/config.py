@@ -52,6 +52,8 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from areal_train import overrides as overrides_grammar
+
 __all__ = [
     "ActorConfig",
     "BaseExperimentConfig",
@@ -368,11 +370,6 @@ def _dotted(path: Path_) -> str:
     return ".".join(path)
 
 
-_OVERRIDE = re.compile(
-    r"^(\+\+|\+|~)?([A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*)(=(.*))?$", re.S
-)
-
-
 def split_argv(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
     """(config path, overrides, extras) from a driver's argv."""
     config_path: str | None = None
@@ -392,8 +389,7 @@ def split_argv(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
         elif arg.startswith("-"):
             extras.append(arg)
         else:
-            m = _OVERRIDE.match(arg)
-            if m and (m.group(3) is not None or m.group(1) == "~"):
+            if overrides_grammar.parse(arg) is not None:
                 overrides.append(arg)
             else:
                 extras.append(arg)
@@ -557,37 +553,12 @@ def _merge_error(
     return ConfigError(f"'{key}': {reason}{_from(sources, path)}" if key else reason)
 
 
-_FLOAT = re.compile(r"^[+-]?((\d[\d_]*)?\.?\d[\d_]*([eE][+-]?\d+)?|inf|nan)$", re.I)
-
-
 def _parse_value(text: str, target: Any) -> Any:
-    """Hydra-like value parsing; a `str` field keeps the raw text."""
-    stripped = text.strip()
-    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
-        return stripped[1:-1]
-    if stripped.lower() == "null":
-        return None
-    if _strip_optional(target) is str:
-        return text
-    low = stripped.lower()
-    if low in ("true", "false"):
-        return low == "true"
+    """Hydra's reading of an override's value (overrides.py); a `str` field keeps the raw text."""
     try:
-        return int(stripped)
-    except ValueError:
-        pass
-    if _FLOAT.match(stripped):
-        try:
-            return float(stripped)
-        except ValueError:
-            pass
-    if stripped[:1] in "[{":
-        try:
-            return yaml.safe_load(stripped)
-        except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or "invalid"
-            raise ConfigError(f"cannot parse value {stripped!r}: {problem}") from None
-    return text
+        return overrides_grammar.value(text, keep_text=_strip_optional(target) is str)
+    except overrides_grammar.BadValue as e:
+        raise ConfigError(str(e)) from None
 
 
 def _locate(cfg: DictConfig, path: Path_, src: str, must_exist: bool) -> tuple[Any, bool]:
@@ -630,9 +601,10 @@ def _locate(cfg: DictConfig, path: Path_, src: str, must_exist: bool) -> tuple[A
 def _apply_override(
     cfg: DictConfig, arg: str, cls: type, defaults: DictConfig, sources: dict[Path_, str]
 ) -> None:
-    m = _OVERRIDE.match(arg)
-    assert m is not None
-    prefix, key, has_value, raw = m.group(1) or "", m.group(2), m.group(3), m.group(4)
+    parsed = overrides_grammar.parse(arg)
+    assert parsed is not None
+    prefix, key, raw = parsed.prefix, parsed.key, parsed.raw or ""
+    has_value = parsed.raw is not None
     path = tuple(key.split("."))
     src = f"override '{arg}'"
     target = _field_type(cls, path)
@@ -641,7 +613,7 @@ def _apply_override(
         parent, exists = _locate(cfg, path, src, must_exist=True)
         if not exists:
             raise ConfigError(f"cannot drop '{key}': it is not set ({src})")
-        if has_value is not None:
+        if has_value:
             want = _parse_value(raw, target)
             have = OmegaConf.to_container(parent, resolve=False)[path[-1]]  # type: ignore[index,call-overload]
             if have != want:
@@ -712,6 +684,18 @@ def _apply_override(
         raise _merge_error(e, cls, sources) from None
 
 
+def _resolve(cfg: DictConfig) -> None:
+    """OmegaConf.resolve, with the failing key named: omegaconf 2.3 (the series hydra-core 1.3
+    allows) leaves `full_key` empty on resolve()'s error, while to_object() fills it in."""
+    try:
+        OmegaConf.resolve(cfg)
+    except InterpolationResolutionError as e:
+        if getattr(e, "full_key", ""):
+            raise
+        OmegaConf.to_object(cfg)  # raises the same error, naming the key
+        raise
+
+
 def load_expr_config(
     argv: list[str], config_cls: type[C], *, save: bool = True
 ) -> tuple[C, list[str]]:
@@ -736,7 +720,7 @@ def load_expr_config(
     for arg in overrides:
         _apply_override(cfg, arg, config_cls, defaults, sources)
     try:
-        OmegaConf.resolve(cfg)
+        _resolve(cfg)
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(
