@@ -223,3 +223,135 @@ def test_openai_api_doc_lists_exactly_what_the_proxy_honours():
     assert _table_params("Completions") == oa.COMPLETION_FIELDS
     accepted = _table_params("Accepted, changing nothing")
     assert accepted == oa.INFORMATIONAL | set(oa._ONLY_DEFAULT)
+
+
+# --- package READMEs: the module table is the package's files ----------------------------
+
+# Generated code only, its table is scripts/gen_proto.py's output (checked for drift there).
+_NO_MODULE_TABLE = {"areal-proto"}
+_TICKED = re.compile(r"`([^`]+)`")
+
+
+def _packages() -> list[Path]:
+    return sorted(p for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
+
+
+def _module_table(readme: Path) -> list[str]:
+    """The first-column cells of the README's table headed `| Module |`."""
+    cells: list[str] = []
+    in_table = False
+    for line in readme.read_text().splitlines():
+        if re.match(r"^\| Module( |$)", line):
+            in_table = True
+        elif in_table and line.startswith("|"):
+            if not line.startswith("| ---"):
+                cells.append(line.strip("|").split(" | ", 1)[0])
+        elif in_table:
+            break
+    return cells
+
+
+def _named_paths(cells: list[str], src: Path) -> set[str]:
+    """Paths (relative to the import package `src`) a table's first column names: `x.py`,
+    `dir/x.py`, `dir/` (all of it), `pkg.module`; a bare `y.py` after `dir/x.py` in one cell
+    is `dir/y.py` when that file exists."""
+    named: set[str] = set()
+    for cell in cells:
+        folder = ""
+        for token in _TICKED.findall(cell):
+            if token.startswith(f"{src.name}."):
+                named.add(token.removeprefix(f"{src.name}.").replace(".", "/") + ".py")
+                continue
+            if "/" in token:
+                folder = token.rsplit("/", 1)[0] + "/" if not token.endswith("/") else token
+                named.add(token)
+            else:
+                named.add(folder + token if (src / folder / token).exists() else token)
+    return named
+
+
+@pytest.mark.parametrize(
+    "pkg", [p for p in _packages() if p.name not in _NO_MODULE_TABLE], ids=lambda p: p.name
+)
+def test_readme_module_table_matches_the_files(pkg: Path) -> None:
+    [src] = [d for d in (pkg / "src").iterdir() if d.is_dir() and not d.name.endswith("-info")]
+    cells = _module_table(pkg / "README.md")
+    assert cells, f"{pkg.name}/README.md has no '| Module | ... |' table"
+    named = _named_paths(cells, src)
+    files = {
+        p.relative_to(src).as_posix()
+        for p in src.rglob("*")
+        if p.is_file()
+        and p.suffix in (".py", ".c")
+        and p.name != "__init__.py"
+        and "__pycache__" not in p.parts
+        and "_pb2" not in p.name
+    }
+    folders = {n for n in named if n.endswith("/")}
+    missing = sorted(f for f in files if f not in named and not f.startswith(tuple(folders)))
+    stale = sorted(n for n in named if not (src / n).exists())
+    assert not missing, f"{pkg.name}/README.md's module table leaves out {missing}"
+    assert not stale, f"{pkg.name}/README.md's module table names what is not there: {stale}"
+
+
+# --- docs/architecture.md: the package table's "depends on" is each pyproject's ---------
+
+_ARCH = ROOT / "docs/architecture.md"
+
+
+def _internal_deps(pkg: Path) -> set[str]:
+    import tomllib
+
+    names = {p.name for p in _packages()}
+    project = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
+    deps = set()
+    for req in project.get("dependencies", []):
+        name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
+        if name in names:
+            deps.add(name)
+    return deps
+
+
+def test_architecture_package_table_matches_the_pyprojects() -> None:
+    rows: dict[str, set[str]] = {}
+    for line in _ARCH.read_text().splitlines():
+        if m := re.match(r"^\| `packages/(areal-[a-z-]+)` \|", line):
+            last = line.strip().strip("|").split(" | ")[-1]
+            rows[m.group(1)] = {f"areal-{d}" for d in re.findall(r"[a-z-]+", last)}
+    assert set(rows) == {p.name for p in _packages()}, "one row per package"
+    for pkg in _packages():
+        assert rows[pkg.name] == _internal_deps(pkg), (
+            f"docs/architecture.md says {pkg.name} depends on {sorted(rows[pkg.name])}; "
+            f"its pyproject.toml says {sorted(_internal_deps(pkg))}"
+        )
+
+
+# --- docs/request-path.md: every function it names exists --------------------------------
+
+_NAMED = re.compile(r"`(areal_[a-z_]+(?:\.[a-z_]+)*):([A-Za-z_][\w.]*)`")
+
+
+def test_request_path_names_real_functions() -> None:
+    import importlib
+
+    text = (ROOT / "docs/request-path.md").read_text()
+    named = _NAMED.findall(text)
+    assert len(named) >= 30, "the walk names each function it passes through"
+    problems = []
+    for module, qualname in sorted(set(named)):
+        try:
+            obj: object = importlib.import_module(module)
+        except ImportError as e:
+            problems.append(f"{module}: cannot import ({e})")
+            continue
+        for part in qualname.split("."):
+            if not hasattr(obj, part):
+                problems.append(f"{module}:{qualname}: no {part!r}")
+                break
+            obj = getattr(obj, part)
+        else:
+            if not callable(obj):
+                problems.append(f"{module}:{qualname} is not a function")
+    assert not problems, "docs/request-path.md names what the code does not have:\n" + "\n".join(
+        problems
+    )
