@@ -33,6 +33,7 @@ stage "bootstrap (uv, venv, engine)" scripts/bootstrap.sh
 stage "ruff" bash -c "uv run --quiet ruff check . && uv run --quiet ruff format --check ."
 stage "mypy (package code)" uv run --quiet mypy packages/*/src
 stage "proto drift" uv run --quiet python scripts/gen_proto.py --check
+stage "sync client drift" uv run --quiet python scripts/gen_sync_client.py --check
 stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
 # Each package's modules in layers, imports one way (importlinter.toml), and the size rule
 # (scripts/check_sizes.py: modules <= 500 lines, classes <= 300, or allow-listed with a reason).

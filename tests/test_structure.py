@@ -4,6 +4,8 @@
   scripts/size_allowlist.toml names it with a reason; a stale entry fails too.
 - importlinter.toml: every workspace package has a layers contract over its own modules, and
   the contracts hold (`lint-imports`).
+- scripts/gen_sync_client.py: areal-client's sync client is exactly what unasync makes of the
+  async one.
 """
 
 from __future__ import annotations
@@ -125,3 +127,22 @@ def test_the_layer_contracts_hold() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_sync_client_is_generated_from_the_async_one() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_sync_client.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_edited_sync_client_is_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = _load_script("gen_sync_client")
+    edited = tmp_path / "client.py"
+    edited.write_text(gen.TARGET.read_text().replace("def health", "def health_by_hand"))
+    monkeypatch.setattr(gen, "TARGET", edited)
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and gen.main(["--check"]) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -38,6 +39,19 @@ from areal_client.types import (
     _get,
     _items,
 )
+
+# Long enough for update_weights, which pauses every engine and loads a checkpoint.
+DEFAULT_TIMEOUT = 600.0
+# Room for a rollout pool's concurrent calls (share it with the SDK: `http_client`).
+DEFAULT_MAX_CONNECTIONS = 64
+
+
+def admin_key_from(admin_api_key: str | None) -> str:
+    key = admin_api_key or os.environ.get("AREAL_ADMIN_API_KEY", "")
+    if not key:
+        raise ValueError("admin_api_key is required (or set AREAL_ADMIN_API_KEY)")
+    return key
+
 
 T = TypeVar("T")
 

@@ -1,4 +1,7 @@
-"""`AsyncArealClient`: the same calls as `ArealClient`, for asyncio code (agent services)."""
+"""The RL and admin APIs of an areal inference service as one client class: `AsyncArealClient`
+(async_client.py) for asyncio code such as an agent proxy, and `ArealClient` (client.py) for
+everything else, generated from async_client.py by scripts/gen_sync_client.py (unasync), so
+the two never drift apart. What a call sends and how its answer is read is `_api.py`'s."""
 
 from __future__ import annotations
 
@@ -8,15 +11,17 @@ from typing import Any, TypeVar
 import httpx
 
 from areal_client._api import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
     EXPORT_ID_HEADER,
     Call,
     Requests,
+    admin_key_from,
     decode,
     decode_line,
     transport_error,
 )
 from areal_client._version import __version__
-from areal_client.client import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, admin_key_from
 from areal_client.errors import (
     ArealClientError,
     ExportNotAcknowledgedError,
@@ -40,7 +45,12 @@ T = TypeVar("T")
 
 
 class AsyncArealClient:
-    """`ArealClient` for asyncio: same methods, same results and errors, awaited."""
+    """A trainer's (or an agent proxy's) handle on an inference service's gateway; the async
+    and the sync client have the same methods, results and errors.
+
+    Calls are never retried: starting sessions and setting rewards are not idempotent, and a
+    trainer decides itself what a failed step means. Every failure is an `ArealClientError`.
+    """
 
     def __init__(
         self,
@@ -63,7 +73,8 @@ class AsyncArealClient:
 
     @property
     def http_client(self) -> httpx.AsyncClient:
-        """The connection pool, to share with the SDK: `session.async_openai(http_client=...)`.
+        """The connection pool, to share with the OpenAI SDK: `session.openai(http_client=...)`
+        for the sync client, `session.async_openai(http_client=...)` for the async one.
 
         Closing an SDK client built on it closes this pool too: close this client instead.
         """
@@ -115,7 +126,8 @@ class AsyncArealClient:
 
     async def start_session(self, task_id: str = "", model: str | None = None) -> Session:
         """One session (a group of one)."""
-        return (await self.start_group(task_id, 1, model)).sessions[0]
+        group = await self.start_group(task_id, 1, model)
+        return group.sessions[0]
 
     async def set_reward(
         self, session: Session | str, reward: float, *, interaction_id: str | None = None

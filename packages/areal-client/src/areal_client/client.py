@@ -1,17 +1,24 @@
-"""`ArealClient`: the RL and admin APIs of an areal inference service, synchronous."""
+# Generated from async_client.py by scripts/gen_sync_client.py (unasync): do not edit;
+# edit async_client.py and run the script.
+"""The RL and admin APIs of an areal inference service as one client class: `AsyncArealClient`
+(async_client.py) for asyncio code such as an agent proxy, and `ArealClient` (client.py) for
+everything else, generated from async_client.py by scripts/gen_sync_client.py (unasync), so
+the two never drift apart. What a call sends and how its answer is read is `_api.py`'s."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import httpx
 
 from areal_client._api import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
     EXPORT_ID_HEADER,
     Call,
     Requests,
+    admin_key_from,
     decode,
     decode_line,
     transport_error,
@@ -38,21 +45,10 @@ from areal_client.types import (
 
 T = TypeVar("T")
 
-# Long enough for update_weights, which pauses every engine and loads a checkpoint.
-DEFAULT_TIMEOUT = 600.0
-# Room for a rollout pool's concurrent calls (share it with the SDK: `http_client`).
-DEFAULT_MAX_CONNECTIONS = 64
-
-
-def admin_key_from(admin_api_key: str | None) -> str:
-    key = admin_api_key or os.environ.get("AREAL_ADMIN_API_KEY", "")
-    if not key:
-        raise ValueError("admin_api_key is required (or set AREAL_ADMIN_API_KEY)")
-    return key
-
 
 class ArealClient:
-    """A trainer's handle on an inference service's gateway.
+    """A trainer's (or an agent proxy's) handle on an inference service's gateway; the async
+    and the sync client have the same methods, results and errors.
 
     Calls are never retried: starting sessions and setting rewards are not idempotent, and a
     trainer decides itself what a failed step means. Every failure is an `ArealClientError`.
@@ -79,9 +75,10 @@ class ArealClient:
 
     @property
     def http_client(self) -> httpx.Client:
-        """The connection pool, to share with the SDK: `session.openai(http_client=...)`.
+        """The connection pool, to share with the OpenAI SDK: `session.openai(http_client=...)`
+        for the sync client, `session.async_openai(http_client=...)` for the async one.
 
-        Closing an SDK client built on it closes this pool too: close the `ArealClient` instead.
+        Closing an SDK client built on it closes this pool too: close this client instead.
         """
         return self._http
 
@@ -131,7 +128,8 @@ class ArealClient:
 
     def start_session(self, task_id: str = "", model: str | None = None) -> Session:
         """One session (a group of one)."""
-        return self.start_group(task_id, 1, model).sessions[0]
+        group = self.start_group(task_id, 1, model)
+        return group.sessions[0]
 
     def set_reward(
         self, session: Session | str, reward: float, *, interaction_id: str | None = None
