@@ -696,6 +696,7 @@ def test_openai_agents_default_runner_completes_a_tool_loop(
     stack: Stack, scripted: ScriptedProxy
 ) -> None:
     import agents  # the gateway's dev group installs it: this test never skips
+
     agents.set_tracing_disabled(True)
     calls: list[str] = []
 
