@@ -355,3 +355,25 @@ def test_request_path_names_real_functions() -> None:
     assert not problems, "docs/request-path.md names what the code does not have:\n" + "\n".join(
         problems
     )
+
+
+# --- no references to numbered tracker issues ---------------------------------------------
+
+# The word issue followed by a number (with or without its hash sign), or a hash sign and a
+# number on their own: a reader of the repository cannot open the tracker, so the text says
+# what the thing is instead.
+_TRACKER = re.compile(r"\b[Ii]ssues? #?\d+\b|(?<![\w&/#'\"=:])#\d+\b")
+
+
+def test_no_tracked_file_refers_to_a_numbered_tracker_issue() -> None:
+    problems = []
+    for rel in _tracked_files():
+        text = _text(rel)
+        if text is None:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if m := _TRACKER.search(line):
+                problems.append(f"{rel}:{n}: {m.group(0)!r}")
+    assert not problems, (
+        "say what the thing is instead of naming a tracker issue:\n" + "\n".join(problems)
+    )

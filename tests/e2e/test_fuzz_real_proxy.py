@@ -1,4 +1,4 @@
-"""Property-based fuzz of chat and completion bodies through the real stack (issue 13):
+"""Property-based fuzz of chat and completion bodies through the real stack:
 gateway -> router -> the real data proxy -> the shared SGLang engine (parrot model).
 
 Every body is answered or refused with a 4xx, never a 5xx (nothing here is an outage: one

@@ -182,7 +182,7 @@ def test_tools_reach_the_real_models_prompt(stack):
 
 
 def test_required_tool_choice_ends_after_its_calls_on_the_real_model(stack):
-    """Issue 25: allowed parallel calls, SmolLM2 at temperature 0 wrote the same call 3 times
+    """Before the fix: allowed parallel calls, SmolLM2 at temperature 0 wrote the same call 3 times
     under `required`, then hit max_tokens (with `<tool_` left in content). Now at most one call
     per tool offered: one tool, one call, then the turn ends."""
     client = openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=ADMIN_KEY, timeout=300)
@@ -301,7 +301,7 @@ CITY_TOOL = {
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
 def test_a_forced_call_is_recorded_in_the_tokens_the_model_writes(token_stack, smol_engine, choice):
-    """Issue 25: forced as text, a t=1 sampler spelt `<tool_call>` as `<`,`t`,`oo`,`l`,...
+    """Before the fix: forced as text, a t=1 sampler spelt `<tool_call>` as `<`,`t`,`oo`,`l`,...
     (55 tokens for a call the tokenizer writes in 34). Now the call's fixed text is the
     tokenizer's own ids (`<`,`tool`,`_`,`call`,`>`), the arguments are the model's sampled
     tokens, and the recording holds exactly what was sampled, with its logprobs."""

@@ -1,4 +1,4 @@
-"""Unmodified coding-agent harnesses on areal (issue 31): Claude Code, Codex CLI, OpenCode and
+"""Unmodified coding-agent harnesses on areal: Claude Code, Codex CLI, OpenCode and
 mini-swe-agent, as installed from npm and PyPI at the pins of scripts/install-harnesses.sh,
 each run with an RL session key as its API key, inside a network namespace with only
 loopback, against the scripted engine (scripted_engine.py: real tool calls for each

@@ -174,7 +174,7 @@ def test_full_lifecycle_detached(clean):
     assert comps["gateway"]["metrics_url"] == f"http://127.0.0.1:{port}/metrics"
     assert comps["m1-worker-0"]["metrics_url"] is None and "metrics_url" in comps["router"]
     assert len(doc["models"][0]["replicas"]) == 2
-    # Which tool-call / reasoning parser each replica has in force (issue 25), and whether
+    # Which tool-call / reasoning parser each replica has in force, and whether
     # its proxy writes `tools` into the prompt: from the gateway's /admin/workers.
     (rep0, _) = doc["models"][0]["replicas"]
     parsing = {k: rep0[k] for k in ("tool_call_parser", "reasoning_parser", "default_tool_prompt")}

@@ -1,4 +1,4 @@
-"""The CLI's reading of the gateway's /health (issue 13): "degraded" is the service behind a
+"""The CLI's reading of the gateway's /health: "degraded" is the service behind a
 working gateway, so the watchdog must not restart it, and `areal inf status` shows it."""
 
 from __future__ import annotations

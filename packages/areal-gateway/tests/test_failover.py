@@ -1,4 +1,4 @@
-"""Which failed generation may go to another replica (issue 13): decided by what was sent
+"""Which failed generation may go to another replica: decided by what was sent
 and the status code, never by grpc's wording of the error.
 
 A request may go elsewhere only when it never reached the proxy. The gateway used to decide

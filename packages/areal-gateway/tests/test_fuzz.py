@@ -1,4 +1,4 @@
-"""Property-based fuzz of the gateway's endpoints with both key kinds (issue 13).
+"""Property-based fuzz of the gateway's endpoints with both key kinds.
 
 Every body, well-formed or not, through the real gateway app (uvicorn on loopback) in front of
 the FAKE router and proxies (conftest.py): no answer is a 500, every error is OpenAI-shaped,

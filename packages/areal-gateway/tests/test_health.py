@@ -1,4 +1,4 @@
-"""`GET /health` tells the truth about the service (issue 13) and stays 200 while the gateway
+"""`GET /health` tells the truth about the service and stays 200 while the gateway
 itself works (the CLI's watchdog probes it for hangs: a 503 would restart a healthy gateway).
 
 It used to say "ok" while a model's only proxy was dead and every chat answered 503.

@@ -1,4 +1,4 @@
-"""A gateway whose internal token the router or a proxy refuses (issue 13).
+"""A gateway whose internal token the router or a proxy refuses.
 
 It used to start healthy and then answer every client 401, as if the client's key were wrong.
 Now: it refuses to start (one line naming internal authentication, exit 1), a mismatch that

@@ -1,4 +1,4 @@
-"""What the admin API accepts as a model (issue 13), and /rl/start_session without `model`.
+"""What the admin API accepts as a model, and /rl/start_session without `model`.
 
 It used to take a model with no proxies and any name; once one such model existed, every
 `start_session` without `model` failed ("several models") for everyone.

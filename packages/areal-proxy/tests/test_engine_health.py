@@ -1,5 +1,5 @@
 """A request that loses the engine makes it suspect, never down for longer than it does not
-answer; a client that goes away says nothing about the engine (issue 31: a harness's retry
+answer; a client that goes away says nothing about the engine (a harness's retry
 after a cut stream was refused for seconds while the engine was fine)."""
 
 from __future__ import annotations

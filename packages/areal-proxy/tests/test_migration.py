@@ -1,4 +1,4 @@
-"""Migration (issue 24): a request whose engine dies continues on another replica's engine,
+"""Migration: a request whose engine dies continues on another replica's engine,
 through that replica's proxy (ContinueGeneration). Real ProxyServers on loopback, a fake
 router answering ListProxies, fake engines that die after k tokens."""
 

@@ -307,7 +307,7 @@ def _spell(tok, call):
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
 async def test_a_forced_calls_fixed_text_is_the_tokenizers_own_ids(choice):
-    """Issue 25: held as text, a forced call's scaffold could be sampled in any tokens that
+    """Held as text, a forced call's scaffold could be sampled in any tokens that
     spell it (SmolLM2 at t=1: `<`,`t`,`oo`,`l`,... 55 tokens for a 34-token call), so RL
     trained on sequences the model never writes. Its fixed text is now the ids the tokenizer
     gives it in a whole call; only the seams next to the model's arguments stay text."""

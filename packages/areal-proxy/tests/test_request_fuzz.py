@@ -2,8 +2,8 @@
 refuses it with a 400 naming the param, and the same way for a session key (whose requests
 are recorded: lineage, chat template, SQLite) as for the admin key (recorded nowhere).
 
-Issue 13: a tool message with `"tool_calls": 5` passed validation (only assistant messages
-had their tool calls checked) and then broke the recorder's lineage hash: a 500 for the
+Found by this fuzz: a tool message with `"tool_calls": 5` passed validation (only assistant
+messages had their tool calls checked) and then broke the recorder's lineage hash: a 500 for the
 session key, a 400 (from the template) for the admin key.
 
 Bounded for CI: a fixed number of examples, derandomized (the same bodies on every run), no

@@ -1,4 +1,4 @@
-"""Graceful drain of a replica (issue 24): `Retire` sends new work to a peer's engine at once,
+"""Graceful drain of a replica: `Retire` sends new work to a peer's engine at once,
 lets the requests on its own engine finish within the drain timeout, then moves the rest on
 with the tokens they have; the retired proxy keeps serving (and recording) on its peers."""
 

@@ -152,7 +152,7 @@ async def test_a_proxy_told_no_parser_refuses_tools_it_cannot_render(smol_like):
 
 
 async def test_get_stats_says_which_parsers_are_in_force_and_whether_tools_are_prompted(smol_like):
-    """`areal inf status` shows these per replica (issue 25: say which parser is in force)."""
+    """`areal inf status` shows these per replica: which parser is in force."""
     h = await start(FakeEngineClient([]), tokenizer_path=str(smol_like), reasoning_parser="qwen3")
     try:
         stats = await h.status.GetStats(proxy_pb2.GetStatsRequest())

@@ -6,7 +6,7 @@ Three things ask the engine (`EngineClient.health`), and they share the check in
 * a request whose engine call failed as if the engine were gone (`failed`): the engine is
   *suspect* from then on and checked at once. A dropped connection is not a dead engine, and
   on a model's only replica a suspicion that lasted until the next background check refused
-  the harness's immediate retry (issue 31: the router answered 529
+  the harness's immediate retry (an unmodified harness's: the router answered 529
   `session_proxy_unavailable` for seconds while the engine answered);
 * `GetStats` while the engine is not known healthy (`verdict`): the router asks because
   work may be waiting on the answer (a pinned session's retry), so it hears what the engine

@@ -1,4 +1,4 @@
-"""Token-preserving migration (issue 24, docs/services.md "Migration").
+"""Token-preserving migration (docs/services.md, "Migration").
 
 When this proxy's engine is lost under a request (`EngineError.lost`), the request continues
 on another healthy replica of the same model, through that replica's proxy

@@ -1,4 +1,4 @@
-"""Graceful drain of one replica (issue 24): `Retire`, and what is left at shutdown.
+"""Graceful drain of one replica: `Retire`, and what is left at shutdown.
 
 A retired proxy hands its engine back without dropping anything: new attempts start on
 another replica's engine at once (through `ContinueGeneration`, as a migration with no

@@ -1,4 +1,4 @@
-"""Another replica's proxy as an engine: a migrated request continues there (issue 24).
+"""Another replica's proxy as an engine: a migrated request continues there.
 
 `PeerEngine` speaks the engine-client protocol over the peer's
 `InferenceProxyService.ContinueGeneration`, so the generation loop treats it as it treats its
