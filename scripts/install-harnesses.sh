@@ -15,7 +15,8 @@ dir=${AREAL_HARNESSES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/areal/harnesses}
 export UV_PYTHON_DOWNLOADS=never
 
 # The releases docs/harnesses.md's before-and-after table was measured with and the
-# harness tests were written against: a new release sends new fields, so a pin moves with a run of those tests.
+# harness tests were written against: a new release sends new fields, so a pin moves with a run of
+# those tests.
 npm_pins=(
   # Claude Code 2.1.332: /v1/messages, streamed; its first prompt is ~17k SmolLM2 tokens.
   "@anthropic-ai/claude-code@2.1.332"

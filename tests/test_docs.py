@@ -374,6 +374,6 @@ def test_no_tracked_file_refers_to_a_numbered_tracker_issue() -> None:
         for n, line in enumerate(text.splitlines(), 1):
             if m := _TRACKER.search(line):
                 problems.append(f"{rel}:{n}: {m.group(0)!r}")
-    assert not problems, (
-        "say what the thing is instead of naming a tracker issue:\n" + "\n".join(problems)
+    assert not problems, "say what the thing is instead of naming a tracker issue:\n" + "\n".join(
+        problems
     )

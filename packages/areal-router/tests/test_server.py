@@ -394,7 +394,8 @@ async def test_sessions_bind_route_fail_fast_and_release(router: Harness):
 
 async def test_a_pinned_session_asks_its_proxy_again_before_it_is_refused():
     """Found with an unmodified harness: after a cut engine stream on a model's only
-    replica, the harness's retry got `session_proxy_unavailable` until the next poll, while the engine answered again. The
+    replica, the harness's retry got `session_proxy_unavailable` until the next poll, while the
+    engine answered again. The
     retry's Route asks the proxy (which asks its engine); the refusal stays for an engine
     that is really down."""
     # No poll of its own for a minute: only the Route's can see the proxy come back.
