@@ -37,7 +37,7 @@ stage "sync client drift" uv run --quiet python scripts/gen_sync_client.py --che
 stage "dependencies (deptry)" uv run --quiet python scripts/check_deps.py
 # Each package's modules in layers, imports one way (importlinter.toml), and the size rule
 # (scripts/check_sizes.py: modules <= 500 lines, classes <= 300, or allow-listed with a reason).
-stage "layers (import-linter)" uv run --quiet lint-imports --config importlinter.toml --no-cache
+stage "layers (import-linter)" uv run --quiet lint-imports importlinter.toml --no-cache
 stage "sizes" uv run --quiet python scripts/check_sizes.py
 stage "unit tests" unit_tests
 # One engine at a time: the SGLang session engine and vLLM would share 2 cores and 6.5 GB.

@@ -120,7 +120,7 @@ def test_the_layer_contracts_hold() -> None:
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "lint-imports is in the workspace's dev group (uv sync)"
     done = subprocess.run(
-        [lint, "--config", str(ROOT / "importlinter.toml"), "--no-cache"],
+        [lint, str(ROOT / "importlinter.toml"), "--no-cache"],
         cwd=ROOT,
         capture_output=True,
         text=True,
