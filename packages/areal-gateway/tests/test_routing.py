@@ -45,7 +45,9 @@ class StubRouter:
             resp.lease_ms = self.lease_ms
             resp.lease_policy = self.policy
             for pid in sorted(self.proxies):
-                resp.candidates.add(proxy_id=pid, address=f"addr-{pid}", load=self.proxies[pid])
+                # The router counts its own pick as load before it reports the candidates.
+                load = self.proxies[pid] + (pid == first)
+                resp.candidates.add(proxy_id=pid, address=f"addr-{pid}", load=load)
         return resp
 
 
@@ -72,6 +74,27 @@ async def test_least_loaded_lease_counts_this_gateways_inflight() -> None:
     for pid in seen:
         table.release(f"addr-{pid}")
     assert table.inflight == {}
+
+
+async def test_a_burst_spreads_when_the_routers_view_lags_this_gateways_calls() -> None:
+    """The lease is renewed while this gateway has 4 calls on `a` that no report counts yet
+    (the router says 0 for both): those 4 still count, so the next 4 requests go to `b`. The
+    router's pick for the renewing request is counted once, not twice."""
+    router = StubRouter({"a": 0, "b": 0}, policy="least_loaded", lease_ms=60_000)
+    table = RouteTable(router)  # type: ignore[arg-type]
+    for _ in range(4):
+        table.acquire("addr-a")
+    first = await table.route("m", timeout_s=1)  # renews: the router picks a (load 0 + 1)
+    table.acquire(first.address)
+    seen = []
+    for _ in range(4):
+        p = await table.route("m", timeout_s=1)
+        table.acquire(p.address)
+        seen.append(p.proxy_id)
+    assert seen == ["b"] * 4, seen
+    assert table.inflight == {"addr-a": 5, "addr-b": 4}
+    nxt = await table.route("m", timeout_s=1)
+    assert nxt.proxy_id == "b"  # 5 on a, 4 on b
 
 
 async def test_a_session_pin_is_reused_for_its_lease_and_only_for_that_model() -> None:

@@ -52,7 +52,15 @@ class _Lease:
         self.model = resp.model
         self.picks = [Pick(c.proxy_id, c.address, resp.model) for c in resp.candidates]
         # Load estimate = router's load at grant + this gateway's in-flight change since.
-        self.base = [c.load - inflight.get(c.address, 0) for c in resp.candidates]
+        # The router's load already counts its own pick for the request that renewed the
+        # lease, which that request acquires after this (so it is not counted twice). A
+        # router whose view lags this gateway's calls (routed, not yet in a proxy's report)
+        # gives a negative base: clamped, so those calls still count as load here; else a
+        # busy proxy looked idle and drew a burst.
+        self.base = [
+            max(0, c.load - inflight.get(c.address, 0) - (c.proxy_id == resp.proxy_id))
+            for c in resp.candidates
+        ]
         self.round_robin = resp.lease_policy == "round_robin"
         # The router's own pick served the request that got the lease: rotate past it.
         ids = [c.proxy_id for c in resp.candidates]
