@@ -176,7 +176,6 @@ def test_a_burst_spreads_although_reports_lag_it(policy):
     assert router.route("a").proxy.proxy_id == "a0"  # type: ignore[union-attr]
 
 
-
 def test_round_robin_is_even():
     router = Router(make_registry(a=3), "round_robin")
     assert routes(router, 300) == Counter({"a0": 100, "a1": 100, "a2": 100})
