@@ -14,6 +14,13 @@ gets the signal. Per row:
              `/rl/export_trajectories` of its session afterwards (must be 0);
 * restarts - the victim's restart count.
 
+The row "router SIGKILL under load" also has `known_errors`: requests whose route the gateway
+already knew (chats of sessions started before, pinned, with a lease) that failed, which must
+be 0: the gateway routes them by what it knows while the router is away; only starting a new
+session needs the router, and that waits for it (bounded) - and `router_answer_s`: seconds
+from the new router process's start (the watchdog's restart) to its first answered `Route`
+(a probe calls it every 10 ms from the kill on), which must be under 1 s.
+
 The row "engine killed mid-stream (migration)" runs the same sessions with long streamed
 answers (`ignore_eos`, 48 tokens) and SIGKILLs an engine while streams are under way: its
 proxy continues each of them on the other replica (token-preserving migration): lost must
@@ -32,7 +39,7 @@ After all rows `stop` runs and every recorded process group (and any process wit
 AREAL_HOME in its environment) must be gone: the orphan column.
 
     uv run python benchmarks/fault_table.py [--replicas 2] [--requests 240] [--json out.json]
-        [--skip-agent] [--only-migration]
+        [--skip-agent] [--only-migration] [--only-router]
 """
 
 from __future__ import annotations
@@ -312,6 +319,73 @@ def healthy(a: Areal, group: str, url: str) -> bool:
         return False
 
 
+ROUTER_ROW = "router SIGKILL under load"
+
+
+def _since_boot() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_since_boot(pid: int) -> float | None:
+    """When process `pid` started, in seconds since boot (/proc/<pid>/stat starttime)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(rest[19]) / os.sysconf("SC_CLK_TCK")
+
+
+class RouterProbe:
+    """From the kill on, calls the router's Route every 10 ms: when did it first answer?"""
+
+    def __init__(self, a: Areal, group: str) -> None:
+        import grpc
+
+        from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+        from areal_runtime.auth import call_metadata
+
+        s = a.state(group)
+        secrets = json.loads((a.home / group / "services" / "default.secrets").read_text())
+        self.channel = grpc.insecure_channel(
+            s["router"]["address"], options=[("grpc.max_reconnect_backoff_ms", 10)]
+        )
+        self.stub = router_pb2_grpc.RouterServiceStub(self.channel)
+        self.request = router_pb2.RouteRequest(model=MODEL)
+        self.metadata = call_metadata(secrets["internal_token"])
+        self.answered_at: float | None = None  # seconds since boot
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        import grpc
+
+        time.sleep(0.05)  # the kill lands first
+        while not self.stop.is_set():
+            try:
+                r = self.stub.Route(self.request, timeout=0.5, metadata=self.metadata)
+                if r.address:
+                    self.answered_at = _since_boot()
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.01)
+
+    def result(self, a: Areal, group: str) -> float | None:
+        """Seconds from the new router's start to its first answer."""
+        self.thread.join(timeout=30)
+        self.stop.set()
+        self.channel.close()
+        pid = a.state(group)["components"]["router"]["pid"]
+        started = _started_since_boot(pid)
+        if self.answered_at is None or started is None:
+            return None
+        return round(self.answered_at - started, 2)
+
+
 def run_row(
     a: Areal,
     group: str,
@@ -335,6 +409,7 @@ def run_row(
         wait = time.monotonic() + 30
         while load.mid < CONCURRENCY // 2 and time.monotonic() < wait:
             time.sleep(0.05)
+    probe = RouterProbe(a, group) if scenario == ROUTER_ROW else None
     t0 = time.monotonic()
     load.signal_at = t0
     back = None
@@ -348,6 +423,8 @@ def run_row(
             print(f"  {r.stdout.strip()}", file=sys.stderr, flush=True)
     else:
         os.killpg(comp["pgid"], sig)
+        if probe is not None:
+            probe.start()
     while time.monotonic() - t0 < row_timeout:
         time.sleep(0.25)
         if healthy(a, group, url):
@@ -375,7 +452,13 @@ def run_row(
         restarts = (
             (a.state(group)["components"][victim].get("meta") or {}).get("supervision") or {}
         ).get("restarts", 0)
+    extra: dict[str, Any] = {}
+    if probe is not None:
+        # A chat is a request whose route the gateway knew; a session start needs the router.
+        extra["known_errors"] = sum(1 for e in load.errors if not e.startswith("start"))
+        extra["router_answer_s"] = probe.result(a, group)
     return {
+        **extra,
         "scenario": scenario or f"{sig.name} {victim}",
         # streams under way at the signal: finished normally / all of them
         "mid_stream": f"{sum(load.spanning)}/{len(load.spanning)}" if stream else "n/a",
@@ -440,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the engine-killed-mid-stream and replica-drained rows",
     )
+    p.add_argument(
+        "--only-router", action="store_true", help=f"only the {ROUTER_ROW!r} row (no agent rows)"
+    )
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="areal-faults-"))
@@ -463,18 +549,22 @@ def main(argv: list[str] | None = None) -> int:
             models = json.loads(listed.stdout)["models"]
         seen = all_pgids(a, "inf")
         plan = [
-            ("gateway", signal.SIGKILL),
-            ("router", signal.SIGKILL),
-            (f"{MODEL}-data-proxy-0", signal.SIGKILL),
-            (f"{MODEL}-worker-1", signal.SIGKILL),
-            (f"{MODEL}-data-proxy-1", signal.SIGSTOP),
+            ("gateway", signal.SIGKILL, ""),
+            ("router", signal.SIGKILL, ROUTER_ROW),
+            (f"{MODEL}-data-proxy-0", signal.SIGKILL, ""),
+            (f"{MODEL}-worker-1", signal.SIGKILL, ""),
+            (f"{MODEL}-data-proxy-1", signal.SIGSTOP, ""),
         ]
-        for victim, sig in [] if a_.only_migration else plan:
-            print(f"row: {sig.name} {victim}", file=sys.stderr, flush=True)
-            rows.append(run_row(a, "inf", victim, sig, a_.requests, a_.row_timeout))
+        if a_.only_router:
+            plan = [row for row in plan if row[2] == ROUTER_ROW]
+        for victim, sig, scenario in [] if a_.only_migration else plan:
+            print(f"row: {scenario or sig.name + ' ' + victim}", file=sys.stderr, flush=True)
+            rows.append(
+                run_row(a, "inf", victim, sig, a_.requests, a_.row_timeout, scenario=scenario)
+            )
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             seen |= all_pgids(a, "inf")
-        if a_.replicas > 1:
+        if a_.replicas > 1 and not a_.only_router:
             scenario = "engine killed mid-stream (migration)"
             print(f"row: {scenario}", file=sys.stderr, flush=True)
             victim = f"{MODEL}-worker-0"
@@ -497,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(drained)
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
         orphan_report["inf"] = orphans(a, "inf", seen)
-        if not (a_.skip_agent or a_.only_migration):
+        if not (a_.skip_agent or a_.only_migration or a_.only_router):
             r = a(
                 "agent", "run", "--agent", "examples.agents.echo.EchoAgent", "--num-pairs", "2",
                 "--admin-api-key", KEY, "--health-poll-interval", "0.5",
@@ -551,8 +641,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "mid_stream",
         "migrated",
         "orphans_after_stop",
+        "known_errors",
+        "router_answer_s",
     ]
-    table = [[str(r.get(h)) for h in head] for r in rows]
+    table = [[str(r.get(h, "n/a")) for h in head] for r in rows]
     widths = [
         max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)
     ]

@@ -304,3 +304,48 @@ def test_retire_checks_its_worker_and_timeout_before_anything(
     assert r.status_code == 400 and r.json()["error"]["param"] == "drain_timeout"
     r = http.post("/admin/workers/nobody/retire", json={})
     assert r.status_code == 401
+
+
+def test_retire_refuses_the_last_serving_replica(
+    stack: Stack, http: httpx.Client, admin_headers
+) -> None:
+    """Retiring a model's only replica would leave nothing to generate for it until a restart:
+    refused as `areal inf deregister --replica` refuses it, and nothing is asked of the proxy."""
+    body = {
+        "name": "m-retire",
+        "kind": "internal",
+        "proxies": [{"proxy_id": "m-retire-data-proxy-0", "address": stack.proxy_addrs["p0"]}],
+    }
+    r = http.post("/admin/models", headers=admin_headers, json=body)
+    assert r.status_code == 201, r.text
+    try:
+        r = http.post("/admin/workers/m-retire-data-proxy-0/retire", headers=admin_headers, json={})
+        assert r.status_code == 409, r.text
+        err = r.json()["error"]
+        assert err["code"] == "last_serving_replica" and err["param"] == "proxy_id"
+        assert "last serving replica of model 'm-retire'" in err["message"]
+        assert "deregister the model instead" in err["message"]
+        assert stack.router.proxies["m-retire-data-proxy-0"].health == 1  # still healthy
+
+        # A second replica that is itself retired (draining) takes no work: still refused.
+        r = http.post(
+            "/admin/models/m-retire/proxies",
+            headers=admin_headers,
+            json={"proxy_id": "m-retire-data-proxy-1", "address": stack.proxy_addrs["p1"]},
+        )
+        assert r.status_code in (200, 201), r.text
+        stack.router.set_health("m-retire-data-proxy-1", 3)  # PROXY_HEALTH_DRAINING
+        r = http.post("/admin/workers/m-retire-data-proxy-0/retire", headers=admin_headers, json={})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "last_serving_replica"
+
+        # Once another replica serves, the check lets the retire through to the proxy (the
+        # fake proxy has no Retire; real ones answer it in tests/e2e/test_drain.py); and a
+        # retired worker may be retired again (idempotent) whatever its peers are.
+        stack.router.set_health("m-retire-data-proxy-1", 2)  # unhealthy for now: counts
+        r = http.post("/admin/workers/m-retire-data-proxy-0/retire", headers=admin_headers, json={})
+        assert r.status_code != 409, r.text
+        stack.router.set_health("m-retire-data-proxy-1", 3)
+        r = http.post("/admin/workers/m-retire-data-proxy-1/retire", headers=admin_headers, json={})
+        assert r.status_code != 409, r.text
+    finally:
+        http.delete("/admin/models/m-retire", headers=admin_headers)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from areal_gateway import routing
+from areal_gateway.clients.router import RouterUnreachable
 from areal_gateway.routing import RouteTable
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import ServiceError
@@ -45,7 +47,9 @@ class StubRouter:
             resp.lease_ms = self.lease_ms
             resp.lease_policy = self.policy
             for pid in sorted(self.proxies):
-                resp.candidates.add(proxy_id=pid, address=f"addr-{pid}", load=self.proxies[pid])
+                # The router counts its own pick as load before it reports the candidates.
+                load = self.proxies[pid] + (pid == first)
+                resp.candidates.add(proxy_id=pid, address=f"addr-{pid}", load=load)
         return resp
 
 
@@ -72,6 +76,27 @@ async def test_least_loaded_lease_counts_this_gateways_inflight() -> None:
     for pid in seen:
         table.release(f"addr-{pid}")
     assert table.inflight == {}
+
+
+async def test_a_burst_spreads_when_the_routers_view_lags_this_gateways_calls() -> None:
+    """The lease is renewed while this gateway has 4 calls on `a` that no report counts yet
+    (the router says 0 for both): those 4 still count, so the next 4 requests go to `b`. The
+    router's pick for the renewing request is counted once, not twice."""
+    router = StubRouter({"a": 0, "b": 0}, policy="least_loaded", lease_ms=60_000)
+    table = RouteTable(router)  # type: ignore[arg-type]
+    for _ in range(4):
+        table.acquire("addr-a")
+    first = await table.route("m", timeout_s=1)  # renews: the router picks a (load 0 + 1)
+    table.acquire(first.address)
+    seen = []
+    for _ in range(4):
+        p = await table.route("m", timeout_s=1)
+        table.acquire(p.address)
+        seen.append(p.proxy_id)
+    assert seen == ["b"] * 4, seen
+    assert table.inflight == {"addr-a": 5, "addr-b": 4}
+    nxt = await table.route("m", timeout_s=1)
+    assert nxt.proxy_id == "b"  # 5 on a, 4 on b
 
 
 async def test_a_session_pin_is_reused_for_its_lease_and_only_for_that_model() -> None:
@@ -108,14 +133,16 @@ async def test_no_pin_lease_means_one_route_per_session_request() -> None:
     assert len(router.calls) == 3
 
 
-async def test_expired_pins_are_dropped_as_new_ones_come() -> None:
+async def test_expired_pins_are_dropped_as_new_ones_come(monkeypatch) -> None:
+    # Kept as known routes for KNOWN_ROUTE_S after their lease, then dropped.
+    monkeypatch.setattr(routing, "KNOWN_ROUTE_S", 0.05)
     router = StubRouter({"a": 0}, lease_ms=300)
     router.pins = {f"s{i}": "a" for i in range(100)}
     table = RouteTable(router)  # type: ignore[arg-type]
     for i in range(50):
         await table.route("m", session_id=f"s{i}", timeout_s=1)
     assert len(table._pins) == 50
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.4)
     await table.route("m", session_id="s99", timeout_s=1)
     assert list(table._pins) == [("m", "s99")]
 
@@ -176,3 +203,74 @@ async def test_a_cancelled_first_request_still_installs_the_lease() -> None:
     await asyncio.sleep(0.03)
     await table.route("m", timeout_s=1)
     assert len(router.calls) == 1
+
+
+# -- while the router cannot be reached -------------------------------------------
+
+
+async def test_known_routes_serve_while_the_router_is_away(monkeypatch) -> None:
+    """Leases and pins ended; the router is unreachable (a restart): a model's last healthy
+    proxies and a session's last pin still route, the calls made meanwhile fail fast
+    (`patient=False`) instead of waiting for the router; a route nobody knows waits for it
+    (`patient=True`) and fails if it does not come back."""
+    router = StubRouter({"a": 0, "b": 0}, lease_ms=20, policy="least_loaded")
+    router.pins = {"s": "b"}
+    table = RouteTable(router)  # type: ignore[arg-type]
+    await table.route("m", timeout_s=1)
+    assert (await table.route("m", session_id="s", timeout_s=1)).proxy_id == "b"
+    await asyncio.sleep(0.03)  # both leases ended
+    router.fail = RouterUnreachable("connection refused")
+    picks = []
+    for _ in range(6):
+        p = await table.route("m", timeout_s=1)
+        table.acquire(p.address)
+        picks.append(p.proxy_id)
+    assert sorted(picks) == ["a", "a", "a", "b", "b", "b"]  # still spread by load
+    for _ in range(3):
+        assert (await table.route("m", session_id="s", timeout_s=1)).proxy_id == "b"
+    assert table.known_routes_used == 9
+    assert all(c["patient"] is False for c in router.calls[2:]), router.calls
+    # A session or model this gateway never routed: only the router knows; wait for it.
+    with pytest.raises(RouterUnreachable):
+        await table.route("m", session_id="never-seen", timeout_s=1)
+    with pytest.raises(RouterUnreachable):
+        await table.route("other-model", timeout_s=1)
+    assert router.calls[-1]["patient"] is True and router.calls[-2]["patient"] is True
+    # The router is back: it decides again, and its answer is the lease.
+    router.fail = None
+    router.pins = {"s": "a"}
+    assert (await table.route("m", session_id="s", timeout_s=1)).proxy_id == "a"
+
+
+async def test_known_routes_end_with_their_window_a_registry_change_or_a_refusal(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(routing, "KNOWN_ROUTE_S", 0.05)
+    router = StubRouter({"a": 0}, lease_ms=10)
+    router.pins = {"s": "a", "t": "a"}
+    table = RouteTable(router)  # type: ignore[arg-type]
+    await table.route("m", timeout_s=1)
+    await table.route("m", session_id="s", timeout_s=1)
+    await table.route("m", session_id="t", timeout_s=1)
+    # A refusal of the router's own (the pinned proxy is down) ends the known pin.
+    await asyncio.sleep(0.02)
+    router.fail = ServiceError(503, "pinned proxy is down", code="session_proxy_unavailable")
+    with pytest.raises(ServiceError):
+        await table.route("m", session_id="t", timeout_s=1)
+    router.fail = RouterUnreachable("connection refused")
+    with pytest.raises(RouterUnreachable):
+        await table.route("m", session_id="t", timeout_s=1)
+    assert (await table.route("m", session_id="s", timeout_s=1)).proxy_id == "a"
+    # A registry change made through this gateway: what it knew may be wrong.
+    router.epoch += 1
+    with pytest.raises(RouterUnreachable):
+        await table.route("m", session_id="s", timeout_s=1)
+    with pytest.raises(RouterUnreachable):
+        await table.route("m", timeout_s=1)
+    # Past KNOWN_ROUTE_S nothing is known any more.
+    router.fail = None
+    await table.route("m", timeout_s=1)
+    await asyncio.sleep(0.08)
+    router.fail = RouterUnreachable("connection refused")
+    with pytest.raises(RouterUnreachable):
+        await table.route("m", timeout_s=1)

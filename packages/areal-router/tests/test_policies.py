@@ -13,9 +13,19 @@ from areal_router.registry import DRAINING, EXTERNAL, HEALTHY, UNHEALTHY, ModelS
 from areal_runtime.errors import ServiceError
 
 
-def make_registry(**models: int) -> Registry:
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_registry(clock: Clock | None = None, **models: int) -> Registry:
     """make_registry(a=3, b=2): model a with proxies a0..a2, model b with b0..b1."""
-    reg = Registry()
+    reg = Registry(monotonic=clock or Clock())
     for name, n in models.items():
         reg.add_model(ModelState(name=name))
         for i in range(n):
@@ -132,13 +142,48 @@ def test_kind_filter():
 # -- round_robin, least_loaded, power_of_two ------------------------------
 
 
+@pytest.mark.parametrize("policy", ["least_loaded", "power_of_two", "session_affinity"])
+def test_a_burst_spreads_although_reports_lag_it(policy):
+    """8 requests routed at once to two replicas, a1 already running one: each poll answered
+    meanwhile still says what was in flight before the burst (a0: 0, a1: 1), because the
+    requests routed there have not reached the proxy yet. The burst spreads evenly whatever
+    the timing of those reports: a route counts as load at once, and a report only replaces
+    the routes decided more than `report_grace` before it. (When a report wiped them, a0 looked
+    idle after each of its stale reports and drew the whole burst.)"""
+    clock = Clock()
+    reg = make_registry(clock, a=2)
+    router = Router(reg, policy, rng=random.Random(3))
+    before = {"a0": 0, "a1": 1}
+    report(reg, "a1", requests=1)
+    got: Counter[str] = Counter()
+    for i in range(8):
+        d = router.route("a")
+        assert d.proxy is not None
+        got[d.proxy.proxy_id] += 1
+        clock.now += 0.01
+        # The poll of the proxy just chosen comes back from before the request arrived...
+        report(reg, d.proxy.proxy_id, requests=before[d.proxy.proxy_id])
+        if i % 3 == 0:  # ...and now and then the other one's, as stale.
+            other = "a1" if d.proxy.proxy_id == "a0" else "a0"
+            report(reg, other, requests=before[other])
+    assert got == Counter({"a0": 4, "a1": 4}), got
+    assert (reg.proxies["a0"].load, reg.proxies["a1"].load) == (4, 5)
+    # Once the requests have had time to arrive, a report is the truth again.
+    clock.now += reg.report_grace
+    report(reg, "a0", requests=1)
+    report(reg, "a1", requests=3)
+    assert (reg.proxies["a0"].load, reg.proxies["a1"].load) == (1, 3)
+    assert router.route("a").proxy.proxy_id == "a0"  # type: ignore[union-attr]
+
+
 def test_round_robin_is_even():
     router = Router(make_registry(a=3), "round_robin")
     assert routes(router, 300) == Counter({"a0": 100, "a1": 100, "a2": 100})
 
 
 def test_least_loaded_follows_reported_load_and_counts_what_it_routed():
-    reg = make_registry(a=3)
+    clock = Clock()
+    reg = make_registry(clock, a=3)
     router = Router(reg, "least_loaded")
     report(reg, "a0", requests=5)
     report(reg, "a1", requests=1)
@@ -148,7 +193,8 @@ def test_least_loaded_follows_reported_load_and_counts_what_it_routed():
     assert got[:2] == ["a1", "a1"]
     assert Counter(got) == Counter({"a1": 4, "a2": 2})
     assert reg.proxies["a1"].load == 5 and reg.proxies["a2"].load == 5
-    # A new report replaces the estimate.
+    # A new report replaces the estimate, once those routes have had time to reach the proxy.
+    clock.now += reg.report_grace + 0.01
     report(reg, "a0", requests=0)
     report(reg, "a1", requests=9)
     report(reg, "a2", requests=9)

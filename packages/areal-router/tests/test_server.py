@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import urllib.request
 from collections import Counter
@@ -16,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
+from areal_router.registry import NOT_POLLED
 from areal_router.server import RouterServer, create_server
 from areal_router.settings import RouterSettings
 from areal_router.store import read_state
@@ -693,3 +695,49 @@ async def test_register_proxies_answers_after_every_first_poll_and_names_refused
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await stop_router(h)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_restarted_router_answers_its_first_routes_once_its_proxies_are_polled(tmp_path):
+    """A router restarted on its state file listens at once and polls the restored proxies
+    meanwhile. A Route or BindSession arriving before those first polls waits for them
+    (bounded) and routes, instead of answering no_healthy_proxy for a model whose replicas
+    are all up."""
+    state = tmp_path / "router-state.sqlite"
+    settings = replace(FAST, state_file=str(state))
+    h = await start_router(settings)
+    fake = await h.add_proxy("m-0", "m")
+    await stop_router(h)  # stops the fake too
+    await fake.start(fake.port)
+    fake.delay = 0.4  # each poll takes a while (within the poll timeout): the first is out below
+    port = free_port()
+    server = create_server(replace(settings, port=port))
+    starting = asyncio.ensure_future(server.start())
+    await eventually(lambda: server.port, what="the router binds its port")
+    channel = grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}",
+        options=[("grpc.initial_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 20)],
+    )
+    stub = router_pb2_grpc.RouterServiceStub(channel)
+    try:
+        await channel.channel_ready()
+        # Listening, the first poll under way.
+        assert not starting.done() and server.registry.proxies["m-0"].last_error == NOT_POLLED
+        routed, bound = await asyncio.gather(
+            stub.Route(router_pb2.RouteRequest(model="m"), metadata=call_metadata()),
+            stub.BindSession(
+                router_pb2.BindSessionRequest(session_ids=["s"], model="m"),
+                metadata=call_metadata(),
+            ),
+        )
+        assert routed.proxy_id == "m-0" and bound.proxy_id == "m-0"
+        await starting
+    finally:
+        await channel.close()
+        await server.shutdown(grace=0)
+        await fake.stop()

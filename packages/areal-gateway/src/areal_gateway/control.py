@@ -27,7 +27,7 @@ from areal_gateway.schemas import (
 )
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
-from areal_runtime.errors import NotFound, ServiceError, UpstreamError
+from areal_runtime.errors import Conflict, NotFound, ServiceError, UpstreamError
 
 
 async def _targets(gw: Gateway, target: ControlTarget) -> list[router_pb2.ProxyInfo]:
@@ -134,6 +134,10 @@ async def retire(
     worker stays, serving the turns, rewards and exports of the sessions pinned to it on the
     other replicas' engines. Idempotent."""
     (proxy,) = await _targets(gw, ControlTarget(worker=proxy_id))
+    if proxy.health != router_pb2.PROXY_HEALTH_DRAINING:
+        # Retiring a retired worker again is a no-op (it reports draining); otherwise
+        # another replica must be left to take the model's new work.
+        await _refuse_last_replica(gw, proxy)
     client = gw.proxies.get(proxy.address)
     req = proxy_pb2.RetireRequest(drain_timeout_s=body.drain_timeout)
     out = await client.retire(req, body.drain_timeout + _RETIRE_SLACK_S)
@@ -147,3 +151,26 @@ async def retire(
             "message": out.message,
         }
     )
+
+
+async def _refuse_last_replica(gw: Gateway, proxy: router_pb2.ProxyInfo) -> None:
+    """Refuse to retire the model's last serving replica, as `areal inf deregister --replica`
+    does: once retired, nothing would generate for the model (every chat and new session a
+    503) until a restart. A replica counts as serving unless it is retired or draining; one
+    that is unhealthy for now still counts (it comes back, a retired one does not)."""
+    peers = [
+        p
+        for p in await gw.router.list_proxies(model=proxy.model)
+        if p.proxy_id != proxy.proxy_id
+        and p.kind in (router_pb2.PROXY_KIND_INFERENCE, router_pb2.PROXY_KIND_UNSPECIFIED)
+        and p.health != router_pb2.PROXY_HEALTH_DRAINING
+    ]
+    if not peers:
+        raise Conflict(
+            f"Worker {proxy.proxy_id!r} is the last serving replica of model {proxy.model!r}: "
+            "no other replica could take its requests; deregister the model instead "
+            f"(DELETE /admin/models/{proxy.model}, or `areal inf deregister --model-name "
+            f"{proxy.model}`).",
+            code="last_serving_replica",
+            param="proxy_id",
+        )

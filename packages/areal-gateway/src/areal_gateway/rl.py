@@ -123,7 +123,8 @@ async def _pick_model(gw: Gateway, model: str) -> str:
     Models without a proxy do not count when `model` is omitted: one (left by an older
     gateway, or emptied by deregistering its proxies) would otherwise make every
     session start without `model` a 400 "several models"."""
-    models = [m for m in await gw.router.list_models() if m.kind != router_pb2.MODEL_KIND_EXTERNAL]
+    listed = await gw.router.list_models(patient=True)
+    models = [m for m in listed if m.kind != router_pb2.MODEL_KIND_EXTERNAL]
     internal = [m.name for m in models]
     if model:
         if model not in internal:

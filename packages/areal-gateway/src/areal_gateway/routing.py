@@ -21,17 +21,35 @@ The router stays the source of truth:
     registration);
   * one Route call renews an expired lease; requests arriving meanwhile wait for that call
     instead of each making their own.
+
+While the router cannot be reached (a restart: the watchdog has it back in about a second),
+a route this gateway already knows keeps serving: a session's last pin, a model's last lease
+(its healthy proxies then), for up to KNOWN_ROUTE_S after it ended. Nothing can move a pin or
+change the registry while the router is away, and a proxy that has gone since refuses the
+connection, which ends the known route like any lease. Only a request with no known route
+waits for the router (bounded: clients/router.py, ROUTER_RESTART_WAIT_S). A router that
+answers, even with a refusal, is always the one that decides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from areal_gateway.clients import RouterClient
+from areal_gateway.clients.router import RouterUnreachable
 from areal_proto.router.v1 import router_pb2
+from areal_runtime.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+# Seconds after its lease ended that a route (a pin, a model's healthy proxies) still serves
+# while the router cannot be reached. Longer than a router restart by far; short enough that
+# an expired pin does not stay in memory for long.
+KNOWN_ROUTE_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +70,15 @@ class _Lease:
         self.model = resp.model
         self.picks = [Pick(c.proxy_id, c.address, resp.model) for c in resp.candidates]
         # Load estimate = router's load at grant + this gateway's in-flight change since.
-        self.base = [c.load - inflight.get(c.address, 0) for c in resp.candidates]
+        # The router's load already counts its own pick for the request that renewed the
+        # lease, which that request acquires after this (so it is not counted twice). A
+        # router whose view lags this gateway's calls (routed, not yet in a proxy's report)
+        # gives a negative base: clamped, so those calls still count as load here; else a
+        # busy proxy looked idle and drew a burst.
+        self.base = [
+            max(0, c.load - inflight.get(c.address, 0) - (c.proxy_id == resp.proxy_id))
+            for c in resp.candidates
+        ]
         self.round_robin = resp.lease_policy == "round_robin"
         # The router's own pick served the request that got the lease: rotate past it.
         ids = [c.proxy_id for c in resp.candidates]
@@ -79,6 +105,8 @@ class RouteTable:
 
     def __init__(self, router: RouterClient) -> None:
         self._router = router
+        # The last lease per (model, kind), kept past its expiry as the known route for
+        # while the router is away (see `_known`).
         self._leases: dict[tuple[str, int], _Lease] = {}
         self._renewing: dict[tuple[str, int], asyncio.Future[router_pb2.RouteResponse]] = {}
         # This gateway's calls in progress, by proxy address (least-loaded picks).
@@ -86,9 +114,13 @@ class RouteTable:
         # Models whose router policy routes by prompt prefix (cache_aware), as last told.
         self._by_prefix: set[str] = set()
         # (model, session) -> (pick, expiry, epoch). Every pin lease is as long as the
-        # router's lease, so insertion order is expiry order: expired ones leave from the
-        # front, and a gateway serving many short sessions does not keep them all.
+        # router's lease, so insertion order is expiry order: pins leave from the front
+        # KNOWN_ROUTE_S after they expired, and a gateway serving many short sessions does
+        # not keep them all.
         self._pins: dict[tuple[str, str], tuple[Pick, float, int]] = {}
+        # Requests routed by a known route because the router could not be reached.
+        self.known_routes_used = 0
+        self._router_away = False
 
     async def route(
         self,
@@ -115,10 +147,17 @@ class RouteTable:
         if lease is not None:
             if lease.expires > time.monotonic() and lease.epoch == self._router.epoch:
                 return lease.pick(self.inflight)
-            del self._leases[key]
+            if lease.epoch != self._router.epoch:
+                del self._leases[key]
         pending = self._renewing.get(key)
         if pending is not None:
-            resp = await asyncio.shield(pending)
+            try:
+                resp = await asyncio.shield(pending)
+            except RouterUnreachable:
+                known = self._known(key)
+                if known is None:
+                    raise
+                return self._use_known(known.pick(self.inflight))
             lease = self._leases.get(key)
             if resp.lease_ms and lease is not None:
                 return lease.pick(self.inflight)
@@ -131,13 +170,39 @@ class RouteTable:
             )
         return await self._renew(key, timeout_s, prefix)
 
+    def _known(self, key: tuple[str, int]) -> _Lease | None:
+        """The model's last lease, if it may still stand in for the router."""
+        lease = self._leases.get(key)
+        if lease is None or lease.epoch != self._router.epoch:
+            return None
+        if lease.expires + KNOWN_ROUTE_S <= time.monotonic():
+            return None
+        return lease
+
+    def _use_known(self, pick: Pick) -> Pick:
+        self.known_routes_used += 1
+        if not self._router_away:
+            self._router_away = True
+            log.warning("router unreachable: routing by the routes this gateway knows")
+        return pick
+
+    def _router_back(self) -> None:
+        if self._router_away:
+            self._router_away = False
+            log.info(
+                "router reachable again (%d requests went by known routes)", self.known_routes_used
+            )
+
     async def _renew(
         self, key: tuple[str, int], timeout_s: float, prefix: Callable[[], list[int]] | None
     ) -> Pick:
         model, kind = key
         epoch = self._router.epoch
+        known = self._known(key)
         # The prompt's prefix goes along: if the router turns out to route this model by
-        # prefix (cache_aware), this request is already placed by it.
+        # prefix (cache_aware), this request is already placed by it. With a known route,
+        # an unreachable router fails the call at once (the known route serves); without
+        # one, the call waits for the router (bounded).
         fut = asyncio.ensure_future(
             self._router.route(
                 model,
@@ -145,6 +210,7 @@ class RouteTable:
                 want_lease=True,
                 prefix_hashes=prefix() if prefix is not None else None,
                 timeout_s=timeout_s,
+                patient=known is None,
             )
         )
         self._renewing[key] = fut
@@ -155,35 +221,64 @@ class RouteTable:
                 del self._renewing[key]
             if f.cancelled() or f.exception() is not None:
                 return
+            self._router_back()
             resp = f.result()
             if resp.wants_prefix:
                 self._by_prefix.add(model)
             if resp.lease_ms and resp.candidates and resp.address:
                 self._leases[key] = _Lease(resp, epoch, self.inflight)
+            else:
+                self._leases.pop(key, None)
 
         fut.add_done_callback(settle)
-        return _pick(await asyncio.shield(fut))
+        try:
+            return _pick(await asyncio.shield(fut))
+        except RouterUnreachable:
+            known = self._known(key)
+            if known is None:
+                raise
+            return self._use_known(known.pick(self.inflight))
 
     async def _session_route(self, model: str, session_id: str, timeout_s: float) -> Pick:
         key = (model, session_id)
         now = time.monotonic()
-        held = self._pins.get(key)
+        pins = self._pins
+        held = pins.get(key)
+        known: Pick | None = None
         if held is not None:
             pick, expires, epoch = held
-            if expires > now and epoch == self._router.epoch:
-                return pick
-            del self._pins[key]
+            if epoch == self._router.epoch:
+                if expires > now:
+                    return pick
+                if expires + KNOWN_ROUTE_S > now:
+                    known = pick
         epoch = self._router.epoch
-        resp = await self._router.route(
-            model, session_id=session_id, want_lease=True, timeout_s=timeout_s
-        )
+        try:
+            resp = await self._router.route(
+                model,
+                session_id=session_id,
+                want_lease=True,
+                timeout_s=timeout_s,
+                patient=known is None,
+            )
+        except RouterUnreachable:
+            if known is None:
+                raise
+            # The pin cannot have moved: nothing moves one while the router is away.
+            return self._use_known(known)
+        except ServiceError:
+            # The router decided otherwise (the pinned proxy is down, the session is gone):
+            # what this gateway knew no longer stands.
+            pins.pop(key, None)
+            raise
+        self._router_back()
         pick = _pick(resp)
+        pins.pop(key, None)
         if resp.lease_ms and resp.address:
             now = time.monotonic()
-            pins = self._pins
             while pins:
                 first = next(iter(pins))
-                if pins[first][1] > now:
+                if pins[first][1] + KNOWN_ROUTE_S > now:
                     break
                 del pins[first]
             pins[key] = (pick, now + resp.lease_ms / 1000.0, epoch)

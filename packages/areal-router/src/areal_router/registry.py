@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,10 @@ INTERNAL: int = router_pb2.MODEL_KIND_INTERNAL
 EXTERNAL: int = router_pb2.MODEL_KIND_EXTERNAL
 
 STATE_FORMAT = 1
+# Seconds a routed request may take to show in its proxy's load report: the caller gets the
+# decision, then opens its call to the proxy, which counts it once the call arrives (tens of
+# ms, far more on a loaded machine). A report taken meanwhile does not count it yet.
+REPORT_GRACE_S = 0.5
 NOT_POLLED = "not polled yet"
 
 # Bumped by every change that can change which proxies a decision may pick (a health or
@@ -89,11 +93,14 @@ class ProxyState:
     failures: int = 0
     last_seen_unix_ms: int = 0
     last_error: str = NOT_POLLED
-    # Load as the proxy last reported it, plus what we routed since.
+    # Load as the proxy last reported it, plus what we routed that the report may not count.
     reported_requests: int = 0
     reported_tokens: int = 0
     reported_sessions: int = 0
     routed_since_report: int = 0
+    # When (monotonic s) each of the recent routes here was decided, oldest first: a report
+    # only accounts for the routes older than `Registry.report_grace` (see record_report).
+    routed_at: deque[float] = field(default_factory=deque)
     # In-flight requests: the last report plus what was routed here since (kept up to date
     # by __setattr__: a plain attribute is what a C-level key getter reads fastest).
     load: int = field(default=0, init=False)
@@ -157,7 +164,14 @@ class Registry:
     first, so `expire` pops only what expired: O(expired), never a scan of every pin.
     """
 
-    def __init__(self, *, pin_ttl: float = 0.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        pin_ttl: float = 0.0,
+        clock: Callable[[], float] = time.time,
+        report_grace: float = REPORT_GRACE_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.models: dict[str, ModelState] = {}
         self.proxies: dict[str, ProxyState] = {}
         # session id -> proxy id
@@ -170,6 +184,10 @@ class Registry:
         # late by at most this much (1% of the TTL, at most 10 minutes).
         self.touch_granularity = min(self.pin_ttl / 100, 600.0)
         self.clock = clock
+        # A route counts as load on its proxy at once; a report replaces only the routes
+        # decided more than this long before it (see record_report).
+        self.report_grace = max(0.0, report_grace)
+        self.monotonic = monotonic
         # Pins made together by one bind of several ids (a group pin, then its sessions):
         # session id -> the bind's first id, and first id -> the ids it still pins.
         # `unpin(..., with_bound=True)` of a first id ends the whole group.
@@ -289,6 +307,7 @@ class Registry:
                 state.failures = 0
                 state.last_error = NOT_POLLED
                 state.reported_requests = state.reported_tokens = state.reported_sessions = 0
+                state.routed_at.clear()
                 state.routed_since_report = 0
         self.dirty_proxies.add(proxy_id)
         self.generation += 1
@@ -350,7 +369,15 @@ class Registry:
         self._choice_seq += 1
         proxy.last_chosen = self._choice_seq
         if routed:
-            proxy.routed_since_report += 1
+            recent = proxy.routed_at
+            now = self.monotonic()
+            recent.append(now)
+            # Bounded even while no report comes (a proxy whose polls fail).
+            if recent[0] < now - 60.0:
+                _forget_before(recent, now - self.report_grace)
+                proxy.routed_since_report = len(recent)
+            else:
+                proxy.routed_since_report += 1
 
     # -- health reports -------------------------------------------------
 
@@ -378,7 +405,12 @@ class Registry:
         p.reported_requests = max(0, inflight_requests)
         p.reported_tokens = max(0, inflight_tokens)
         p.reported_sessions = max(0, sessions)
-        p.routed_since_report = 0
+        # Optimistic accounting, reconciled here: a burst routed just before this report
+        # (or while the poll was out) has not reached the proxy yet, so the report does not
+        # count it. Dropping it would make the proxy look idle and draw the rest of the burst;
+        # the routes younger than `report_grace` stay counted until a later report.
+        _forget_before(p.routed_at, self.monotonic() - self.report_grace)
+        p.routed_since_report = len(p.routed_at)
         p.parsing = parsing
         if model and model != p.model:
             # Never send model B's requests to a proxy that serves model A.
@@ -595,3 +627,8 @@ class Registry:
         self.dirty_models.update(self.models)
         self.dirty_proxies.update(self.proxies)
         self.dirty_pins.update(self.pins)
+
+
+def _forget_before(recent: deque[float], cutoff: float) -> None:
+    while recent and recent[0] <= cutoff:
+        recent.popleft()

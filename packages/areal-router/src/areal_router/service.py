@@ -13,10 +13,17 @@ from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_router.health import HealthPoller
 from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
-from areal_router.registry import ModelState, Registry
+from areal_router.registry import NOT_POLLED, ModelState, Registry
 from areal_router.store import StateStore
 from areal_runtime import tracing
-from areal_runtime.errors import InvalidRequest, NotFound, ServiceError, Unavailable, abort
+from areal_runtime.errors import (
+    InvalidRequest,
+    NoHealthyReplica,
+    NotFound,
+    ServiceError,
+    Unavailable,
+    abort,
+)
 from areal_runtime.logs import mask
 
 log = logging.getLogger("areal_router.service")
@@ -213,6 +220,25 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
 
     # -- routing --------------------------------------------------------
 
+    async def _first_polled(self, model: str, kind: int, decide: Callable[[], T]) -> T:
+        """`decide()`; when it finds no healthy proxy while some of the model's proxies have
+        never been polled (a router just restarted: restored proxies are routable once a
+        poll says so, and the polls start with the server), wait for their first poll
+        (bounded) and decide again. Without this a restarted router answered its first
+        requests `no_healthy_proxy` although every replica was up. Costs nothing otherwise."""
+        try:
+            return decide()
+        except NoHealthyReplica:
+            unpolled = [
+                p.proxy_id
+                for p in self.registry.proxies_of(model)
+                if p.last_error == NOT_POLLED and (not kind or p.kind == kind)
+            ]
+            if not unpolled:
+                raise
+        await self.poller.wait_first_poll(unpolled, self.poller.timeout + 0.5)
+        return decide()
+
     @tracing.rpc("router.Route", _route_attrs, _routed_attrs)
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
@@ -228,12 +254,16 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                 # Its engine may be back: the answer decides, not the last poll's.
                 await self.poller.recheck(ask)
         try:
-            decision = self.router.route(
+            decision = await self._first_polled(
                 request.model,
-                session_id=request.session_id,
-                prefix_hashes=request.prefix_hashes,
-                kind=request.kind,
-                policy=request.policy,
+                request.kind,
+                lambda: self.router.route(
+                    request.model,
+                    session_id=request.session_id,
+                    prefix_hashes=request.prefix_hashes,
+                    kind=request.kind,
+                    policy=request.policy,
+                ),
             )
         except ServiceError as err:
             self.metrics.route_latency.observe(time.perf_counter() - start)
@@ -289,8 +319,15 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         self, request: router_pb2.BindSessionRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.BindSessionResponse:
         try:
-            proxy = self.router.bind(
-                request.session_ids, request.model, kind=request.kind, proxy_id=request.proxy_id
+            proxy = await self._first_polled(
+                request.model,
+                request.kind,
+                lambda: self.router.bind(
+                    request.session_ids,
+                    request.model,
+                    kind=request.kind,
+                    proxy_id=request.proxy_id,
+                ),
             )
         except ServiceError as err:
             self.metrics.binds.labels(_result(err)).inc()

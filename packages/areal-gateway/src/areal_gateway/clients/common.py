@@ -99,8 +99,12 @@ async def ensure_connected(
         state = channel.get_state(try_to_connect=True)
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    return tls.channel(address, options=CHANNEL_OPTIONS)
+def open_channel(address: str, options: tuple[tuple[str, Any], ...] = ()) -> grpc.aio.Channel:
+    """A channel with CHANNEL_OPTIONS; `options` override those of the same name."""
+    names = {name for name, _ in options}
+    return tls.channel(
+        address, options=[*(o for o in CHANNEL_OPTIONS if o[0] not in names), *options]
+    )
 
 
 async def read_messages(call: Any, address: str) -> AsyncIterator[Any]:

@@ -16,9 +16,63 @@ from areal_gateway.clients.common import (
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
-from areal_runtime.errors import from_rpc_error
+from areal_runtime.errors import (
+    ERROR_METADATA_KEY,
+    ServiceError,
+    UpstreamUnavailable,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
+
+# Seconds a call with no other way to go on (a new session's bind, a route nobody knows)
+# waits for a router that cannot be reached: the watchdog has a killed router back in about
+# a second. Bounded, so a router that is gone for good is still a quick 503.
+ROUTER_RESTART_WAIT_S = 5.0
+
+# A restarted router is back at the same address within about a second: the channel tries to
+# reconnect at most this often (gRPC's back-off would otherwise grow to seconds, and every
+# call would fail fast meanwhile although the router was up again). A connection attempt to
+# a closed loopback port costs next to nothing.
+_ROUTER_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 200),
+)
+
+
+class RouterUnreachable(UpstreamUnavailable):
+    """The router could not be reached (no connection, or it went away during the call): not
+    a decision of the router's. The gateway's own finding; routing.RouteTable then uses the
+    routes it already knows."""
+
+    def __init__(self, detail: str) -> None:
+        # The client is told what happened and what to do; the channel's detail (internal
+        # addresses) goes to the log only.
+        super().__init__(
+            "The gateway cannot reach its router right now (it may be restarting); "
+            "retry in a few seconds."
+        )
+        self.transport_detail = detail
+
+
+def _has_detail(exc: grpc.RpcError) -> bool:
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == ERROR_METADATA_KEY for key, _ in trailing or ())
+
+
+def router_error(exc: grpc.RpcError, *, waited: bool = False) -> ServiceError:
+    """A failed router call as a ServiceError: the router's own refusal as it sent it, a
+    transport failure (or, after waiting for the router, its deadline) as RouterUnreachable."""
+    if not _has_detail(exc):
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        if code == grpc.StatusCode.UNAVAILABLE or (
+            waited and code == grpc.StatusCode.DEADLINE_EXCEEDED
+        ):
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            log.warning("router unreachable: %s", detail)
+            return RouterUnreachable(detail or code.name)
+    return from_rpc_error(exc, target="router")
 
 
 class RouterClient:
@@ -26,18 +80,41 @@ class RouterClient:
 
     def __init__(self, address: str, token: str) -> None:
         self.address = address
-        self._channel = open_channel(address)
+        self._channel = open_channel(address, _ROUTER_CHANNEL_OPTIONS)
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
         self._md = call_metadata(token)
         # Bumped by every registry change made through this client: route leases granted
         # before it are void (routing.RouteTable).
         self.epoch = 0
 
-    async def _call(self, method: Any, request: Any, timeout_s: float = ROUTER_TIMEOUT) -> Any:
+    async def _call(
+        self,
+        method: Any,
+        request: Any,
+        timeout_s: float = ROUTER_TIMEOUT,
+        *,
+        patient: bool = False,
+    ) -> Any:
+        """One call. A `patient` one that finds the router unreachable waits for it (at most
+        ROUTER_RESTART_WAIT_S, within `timeout_s`) and tries once more: a router restart is
+        then a delay, not an error. The first try fails fast, so a caller with a route it
+        already knows decides for itself (`patient=False`)."""
+        metadata = tracing.metadata(self._md)
         try:
-            return await method(request, timeout=timeout_s, metadata=tracing.metadata(self._md))
+            return await method(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, target="router") from None
+            err = router_error(exc)
+            if not (patient and isinstance(err, RouterUnreachable)):
+                raise err from None
+        try:
+            return await method(
+                request,
+                timeout=min(timeout_s, ROUTER_RESTART_WAIT_S),
+                metadata=metadata,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as exc:
+            raise router_error(exc, waited=True) from None
 
     async def _change(self, method: Any, request: Any) -> Any:
         """A registry change: leases granted before it ends, or while it runs, are void."""
@@ -56,7 +133,9 @@ class RouterClient:
         want_lease: bool = False,
         prefix_hashes: list[int] | None = None,
         timeout_s: float = ROUTER_TIMEOUT,
+        patient: bool = True,
     ) -> router_pb2.RouteResponse:
+        """A routing decision. `patient`: wait for a router that is away (see `_call`)."""
         req = router_pb2.RouteRequest(
             model=model,
             session_id=session_id,
@@ -64,10 +143,12 @@ class RouterClient:
             want_lease=want_lease,
             prefix_hashes=prefix_hashes or (),
         )
-        return await self._call(self._stub.Route, req, timeout_s)
+        return await self._call(self._stub.Route, req, timeout_s, patient=patient)
 
-    async def list_models(self) -> list[router_pb2.ModelInfo]:
-        resp = await self._call(self._stub.ListModels, router_pb2.ListModelsRequest())
+    async def list_models(self, *, patient: bool = False) -> list[router_pb2.ModelInfo]:
+        resp = await self._call(
+            self._stub.ListModels, router_pb2.ListModelsRequest(), patient=patient
+        )
         return list(resp.models)
 
     async def list_proxies(self, model: str = "", kind: int = 0) -> list[router_pb2.ProxyInfo]:
@@ -140,7 +221,9 @@ class RouterClient:
         self, session_ids: Sequence[str], model: str, *, kind: int = router_pb2.PROXY_KIND_INFERENCE
     ) -> router_pb2.BindSessionResponse:
         req = router_pb2.BindSessionRequest(session_ids=list(session_ids), model=model, kind=kind)  # type: ignore[arg-type]
-        return await self._call(self._stub.BindSession, req)
+        # Patient: binding the same ids again after a lost answer pins them again, and
+        # nothing has used those sessions yet.
+        return await self._call(self._stub.BindSession, req, patient=True)
 
     async def release_sessions(
         self, session_ids: Sequence[str], *, with_bound: bool = False
@@ -148,7 +231,7 @@ class RouterClient:
         """Release pins; `with_bound` also releases the sessions bound with a listed group pin
         (ReleaseSessionRequest.with_bound)."""
         req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids), with_bound=with_bound)
-        resp = await self._call(self._stub.ReleaseSession, req)
+        resp = await self._call(self._stub.ReleaseSession, req, patient=True)
         return int(resp.released)
 
     async def close(self, grace: float | None = None) -> None:
