@@ -10,6 +10,7 @@ the proxies resubmit them on continue, so clients see slower answers, never erro
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
@@ -28,6 +29,8 @@ from areal_gateway.schemas import (
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import NotFound, ServiceError, UpstreamError
+
+log = logging.getLogger(__name__)
 
 
 async def _targets(gw: Gateway, target: ControlTarget) -> list[router_pb2.ProxyInfo]:
@@ -72,6 +75,8 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
                 }
             )
     versions = [w["version"] for w in workers if "version" in w]
+    if action in ("set_version", "update_weights"):
+        await _tell_admission(gw, workers)
     body = {
         "action": action,
         "workers": workers,
@@ -79,6 +84,21 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
     }
     status = 200 if not failed else (failed[0].http_status if len(failed) == len(workers) else 207)
     return json_response(body, status)
+
+
+async def _tell_admission(gw: Gateway, workers: list[dict[str, Any]]) -> None:
+    """The version a model's proxies now stamp raises its admission bound at once (the
+    router's health polls would see it only within a poll interval). Best effort: the polls
+    catch up, so a router error here does not fail the weight update that succeeded."""
+    by_model: dict[str, int] = {}
+    for w in workers:
+        if "version" in w:
+            by_model[w["model"]] = max(by_model.get(w["model"], 0), int(w["version"]))
+    for model, version in by_model.items():
+        try:
+            await gw.router.set_admission(model, version=version)
+        except ServiceError as err:
+            log.warning("admission: could not set %s's version %d: %s", model, version, err)
 
 
 router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["control"])

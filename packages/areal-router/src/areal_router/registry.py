@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_proto.router.v1 import router_pb2
+from areal_router.admission import Admission
 from areal_runtime.errors import Conflict, InvalidRequest, ModelExists
 
 log = logging.getLogger("areal_router.registry")
@@ -184,10 +185,14 @@ class Registry:
         self._candidates: dict[tuple[str, int], tuple[int, list[ProxyState]]] = {}
         self._choice_seq = 0
         self._proxy_seq = 0
+        # Admission control: follows the pins (a released pin settles its session).
+        self.admission = Admission()
 
     @property
     def dirty(self) -> bool:
-        return bool(self.dirty_models or self.dirty_proxies or self.dirty_pins)
+        return bool(
+            self.dirty_models or self.dirty_proxies or self.dirty_pins or self.admission.dirty
+        )
 
     # -- models ---------------------------------------------------------
 
@@ -225,6 +230,7 @@ class Registry:
             self._drop_proxy(pid)
         self.models.pop(name, None)
         self.dirty_models.add(name)
+        self.admission.forget_model(name)
         self.generation += 1
         return True, proxy_ids
 
@@ -312,6 +318,7 @@ class Registry:
             self.pin_used.pop(sid, None)
             self._unbundle(sid)
         self.dirty_pins.update(state.sessions)
+        self.admission.settle(state.sessions, consumed=False)
         state.sessions.clear()
         m = self.models.get(state.model)
         if m is not None:
@@ -367,6 +374,7 @@ class Registry:
         detail: str = "",
         parsing: tuple[str, str, bool] = ("", "", False),
         now_ms: int | None = None,
+        version: int = 0,
     ) -> tuple[int, int] | None:
         """A successful GetStats. Returns (old, new) health, or None if unknown proxy."""
         p = self.proxies.get(proxy_id)
@@ -380,6 +388,8 @@ class Registry:
         p.reported_sessions = max(0, sessions)
         p.routed_since_report = 0
         p.parsing = parsing
+        if version and (not model or model == p.model):
+            self.admission.observe_version(p.model, version)
         if model and model != p.model:
             # Never send model B's requests to a proxy that serves model A.
             p.health = UNHEALTHY
@@ -432,18 +442,24 @@ class Registry:
             self.dirty_pins.add(sid)
         self.generation += 1
 
-    def unpin(self, session_ids: Iterable[str], *, with_bound: bool = False) -> int:
+    def unpin(
+        self, session_ids: Iterable[str], *, with_bound: bool = False, consumed: bool = False
+    ) -> int:
         """Release pins; with `with_bound`, also those a listed id's bind made with it when
-        that id came first (a group pin's sessions), while that bind still pins them."""
+        that id came first (a group pin's sessions), while that bind still pins them. The
+        admitted sessions among them are settled: consumed (exported and acknowledged) when
+        `consumed`, else dropped."""
         ids = list(session_ids)
         if with_bound:
             ids += [sid for head in ids for sid in self.bundles.get(head, ())]
         released = 0
+        gone: list[str] = []
         for sid in ids:
             pid = self.pins.pop(sid, None)
             if pid is None:
                 continue
             released += 1
+            gone.append(sid)
             self.pin_used.pop(sid, None)
             self._unbundle(sid)
             self.dirty_pins.add(sid)
@@ -451,6 +467,7 @@ class Registry:
             if p is not None:
                 p.sessions.discard(sid)
         if released:
+            self.admission.settle(gone, consumed=consumed)
             self.generation += 1
         return released
 
@@ -595,3 +612,4 @@ class Registry:
         self.dirty_models.update(self.models)
         self.dirty_proxies.update(self.proxies)
         self.dirty_pins.update(self.pins)
+        self.admission.mark_all_dirty()
