@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from test_server import FAST, Harness, eventually, rpc_error, start_router, stop_router
 
 from areal_proto.router.v1 import router_pb2
 from areal_router.admission import Admission
 from areal_runtime.errors import AdmissionRefused, InvalidRequest, from_rpc_error
-from test_server import FAST, Harness, eventually, rpc_error, start_router, stop_router
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,6 +67,9 @@ def test_staleness_bound_at_version_0_then_after_updates_exports_and_acks():
     # A lagging replica reporting an older version takes nothing back.
     a.observe_version("m", 0)
     assert a.state("m").version == 1
+    # The gateway setting a version on every proxy is the truth, lower too (a new run).
+    a.set_version("m", 0)
+    assert a.state("m").version == 0
 
 
 def test_concurrency_bound_counts_running_only_and_a_group_counts_n():

@@ -76,7 +76,7 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
             )
     versions = [w["version"] for w in workers if "version" in w]
     if action in ("set_version", "update_weights"):
-        await _tell_admission(gw, workers)
+        await _tell_admission(gw, target, workers)
     body = {
         "action": action,
         "workers": workers,
@@ -86,15 +86,28 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
     return json_response(body, status)
 
 
-async def _tell_admission(gw: Gateway, workers: list[dict[str, Any]]) -> None:
-    """The version a model's proxies now stamp raises its admission bound at once (the
-    router's health polls would see it only within a poll interval). Best effort: the polls
-    catch up, so a router error here does not fail the weight update that succeeded."""
-    by_model: dict[str, int] = {}
+async def _tell_admission(
+    gw: Gateway, target: ControlTarget, workers: list[dict[str, Any]]
+) -> None:
+    """The version every proxy of a model now stamps is the admission rule's version at
+    once (the router's health polls would see it only within a poll interval, and a lower
+    version, a trainer starting over, only as the highest the proxies report). Only when
+    the call reached every proxy of the model: one worker, or a partial failure, is left to
+    the polls. Best effort: a router error here does not fail the weight update that
+    succeeded."""
+    if target.worker:
+        return
+    by_model: dict[str, set[int]] = {}
+    failed: set[str] = set()
     for w in workers:
         if "version" in w:
-            by_model[w["model"]] = max(by_model.get(w["model"], 0), int(w["version"]))
-    for model, version in by_model.items():
+            by_model.setdefault(w["model"], set()).add(int(w["version"]))
+        else:
+            failed.add(w["model"])
+    for model, versions in by_model.items():
+        if model in failed or len(versions) != 1:
+            continue
+        (version,) = versions
         try:
             await gw.router.set_admission(model, version=version)
         except ServiceError as err:

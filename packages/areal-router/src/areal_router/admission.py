@@ -186,18 +186,30 @@ class Admission:
         return m
 
     def observe_version(self, name: str, version: int) -> None:
-        """A proxy of `name` reported (or the gateway set) weight version `version`. The
-        rule uses the highest seen: a lagging or restarted replica does not take back room
-        already given."""
+        """A poll: a proxy of `name` stamps weight version `version`. Polls only raise the
+        rule's version: a lagging or restarted replica (a restarted proxy starts at 0) does
+        not take back room already given."""
         m = self.models.get(name)
         if m is None:
             if version <= 0:
                 return
             m = self.model(name)
         if version > m.version:
+            self._set_version(name, m, version)
+
+    def set_version(self, name: str, version: int) -> None:
+        """The gateway set `version` on every proxy of `name` (set_version, update_weights):
+        the rule uses it at once, lower too (a trainer that starts over). A poll answered
+        just before may raise it back once; the next set_version settles it."""
+        self._set_version(name, self.model(name), version)
+
+    def _set_version(self, name: str, m: ModelAdmission, version: int) -> None:
+        if version != m.version:
+            grew = version > m.version
             m.version = version
             self.dirty_models.add(name)
-            m.wake()
+            if grew:
+                m.wake()
 
     def forget_model(self, name: str) -> None:
         m = self.models.pop(name, None)

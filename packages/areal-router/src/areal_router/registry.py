@@ -388,7 +388,7 @@ class Registry:
         p.reported_sessions = max(0, sessions)
         p.routed_since_report = 0
         p.parsing = parsing
-        if version and (not model or model == p.model):
+        if not model or model == p.model:
             self.admission.observe_version(p.model, version)
         if model and model != p.model:
             # Never send model B's requests to a proxy that serves model A.

@@ -369,7 +369,7 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
                 reset_consumed=request.reset_consumed,
             )
             if request.HasField("version"):
-                self.registry.admission.observe_version(request.model, request.version)
+                self.registry.admission.set_version(request.model, request.version)
 
         await self._call(context, do)
         await self._changed()

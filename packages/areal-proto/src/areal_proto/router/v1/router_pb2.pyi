@@ -799,7 +799,9 @@ class AdmissionState(_message.Message):
     WAITING_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     version: _builtins.int
-    """The model's weight version the rule uses: the highest its proxies report."""
+    """The model's weight version the rule uses: the one the gateway last set on all its
+    proxies, raised by any higher version a proxy reports.
+    """
     running: _builtins.int
     """Admitted sessions not yet ended, exported-and-acknowledged, or dropped."""
     ended: _builtins.int
@@ -893,8 +895,9 @@ class SetAdmissionRequest(_message.Message):
     reset_consumed: _builtins.bool
     """Also forget `consumed` (a new training run on the same service)."""
     version: _builtins.int
-    """The weight version the gateway just set on the model's proxies (set_version,
-    update_weights): the rule's version rises to it at once, not at the next health poll.
+    """The weight version the gateway just set on every proxy of the model (set_version,
+    update_weights): the rule uses it at once (lower too), not after the next health polls.
+    Health polls only raise it (to the highest version a proxy reports).
     """
     @_builtins.property
     def settings(self) -> Global___AdmissionSettings: ...
