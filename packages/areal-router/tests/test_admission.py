@@ -247,3 +247,39 @@ async def test_settings_errors_name_the_field(router: Harness):
         router.stub.SetAdmission(router_pb2.SetAdmissionRequest(model="nope", settings=bounds()))
     )
     assert exc.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_staleness_bound_holds_while_versions_rise_under_concurrent_starts(
+    router: Harness,
+):
+    await router.stub.SetAdmission(
+        router_pb2.SetAdmissionRequest(model="m", settings=bounds(max_staleness=0, batch_size=8))
+    )
+    adm = router.server.registry.admission
+    worst: list[int] = []
+
+    async def watch() -> None:
+        # The invariant at every moment the event loop lets us look.
+        while True:
+            st = adm.state("m")
+            worst.append(st.running + st.ended + st.consumed - (st.version + 1) * 8)
+            await asyncio.sleep(0)
+
+    async def updates() -> None:
+        for v in (1, 2, 3):
+            await asyncio.sleep(0.1)
+            await router.stub.SetAdmission(router_pb2.SetAdmissionRequest(model="m", version=v))
+
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(
+        updates(),
+        *(bind(router, [f"s{i}"], wait_s=1.0) for i in range(100)),
+        return_exceptions=True,
+    )
+    watcher.cancel()
+    admitted = [r for r in results[1:] if isinstance(r, router_pb2.BindSessionResponse)]
+    # (0 + 3 + 1) x 8: exactly the room the three updates made, never more.
+    assert len(admitted) == 32
+    assert max(worst) <= 0
+    st = await state(router)
+    assert (st.version, st.running, st.capacity_left) == (3, 32, 0)
