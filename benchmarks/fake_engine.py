@@ -13,6 +13,8 @@ SMG (benchmarks/vs_smg.py) takes it as a worker.
 Streams are written in one go unless paced: `--token-interval-ms N` (or
 `POST /fake_config {"token_interval_ms": N}` at run time) sends one token every
 N ms, as a real engine decoding one token per step does.
+`POST /update_weights_from_disk` succeeds at once (benchmarks/admission_load.py updates
+weights under load).
 It never stands in for a real engine in a test of a feature; benchmarks name
 it as "zero-cost fake engine" in their output.
 """
@@ -221,6 +223,9 @@ class _Engine(asyncio.Protocol):
             return self.reply(b"200 OK", b'{"status":"ok"}')
         if path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache"):
             return self.reply(b"200 OK", b'{"status":"ok"}')
+        if path == "/update_weights_from_disk":
+            # Weights "load" at once: a weight update through areal costs only areal's part.
+            return self.reply(b"200 OK", b'{"success":true,"message":"fake engine"}')
         if path == "/v1/chat/completions":
             return self.chat(body)
         if method == "GET":

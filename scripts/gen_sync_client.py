@@ -4,7 +4,7 @@
     uv run python scripts/gen_sync_client.py --check  # CI: fail if client.py is not generated
 
 unasync (as httpcore generates its sync half) drops `async` / `await` and renames the async
-names below; the result is ruff-formatted, so client.py is exactly what this script makes.
+names below; the result's imports are sorted and it is ruff-formatted, so client.py is exactly what this script makes.
 Edit async_client.py (or `_api.py`, which both share), never client.py.
 """
 
@@ -32,6 +32,7 @@ RENAMES = {
     "aclose": "close",
     "aread": "read",
     "aiter_lines": "iter_lines",
+    "async_sleep": "sleep",
 }
 HEADER = (
     "# Generated from async_client.py by scripts/gen_sync_client.py (unasync): do not edit;\n"
@@ -47,15 +48,17 @@ def generate() -> str:
         shutil.copy(SOURCE, src)
         unasync.unasync_files([str(src)], [unasync.Rule("/aio/", "/sync/", RENAMES)])
         text = HEADER + (Path(tmp) / "sync" / SOURCE.name).read_text()
-    done = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(TARGET), "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
-    )
-    return done.stdout
+    # Renamed imports may fall out of order: sort them, then format.
+    for ruff in (["check", "--fix", "--select", "I", "--quiet"], ["format"]):
+        text = subprocess.run(
+            [sys.executable, "-m", "ruff", *ruff, "--stdin-filename", str(TARGET), "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from areal_agent_proxy.settings import Settings
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from areal_runtime.errors import (
+    AdmissionRefused,
     InvalidRequest,
     ServiceError,
     SessionNotFound,
@@ -58,6 +59,7 @@ class FakeInferenceGateway:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, dict[str, Any]]] = []  # (path, bearer, body)
         self.fail: tuple[int, dict[str, Any] | str] | None = None
+        self.fail_headers: dict[str, str] = {}
 
     async def handle(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read() or b"{}")
@@ -67,7 +69,7 @@ class FakeInferenceGateway:
             status, doc = self.fail
             if isinstance(doc, str):
                 return web.Response(status=status, text=doc)
-            return web.json_response(doc, status=status)
+            return web.json_response(doc, status=status, headers=self.fail_headers)
         answers: dict[str, tuple[int, Any]] = {
             "/rl/start_session": (
                 201,
@@ -177,6 +179,27 @@ async def test_gateway_errors_keep_their_code_and_a_5xx_is_502(served) -> None:
         await link.export("sess-abc", "individual", 1.0, False)
     assert (info.value.http_status, info.value.code) == (502, "inference_error")
     assert "Internal Server Error" in info.value.message
+
+
+async def test_an_agent_session_refused_by_admission_keeps_the_429_and_retry_after(
+    served,
+) -> None:
+    fake, link = served
+    fake.fail = (
+        429,
+        {
+            "error": {
+                "message": "Model 'tiny' is at its staleness bound",
+                "type": "rate_limit_error",
+                "code": "staleness_bound",
+            }
+        },
+    )
+    fake.fail_headers = {"Retry-After": "4"}
+    with pytest.raises(AdmissionRefused) as info:
+        await link.start_session("agent-1")
+    e = info.value
+    assert (e.http_status, e.code, e.retry_after_s) == (429, "staleness_bound", 4)
 
 
 async def test_an_answer_of_the_wrong_shape_is_502(served) -> None:

@@ -279,6 +279,36 @@ def test_config_file_values_apply(clean, tmp_path):
     assert f.cli("inf", "--config", str(extra), "stop").code == 0
 
 
+def test_admission_bounds_from_flags_and_toml_reach_the_gateway_and_status(clean, tmp_path):
+    f = clean
+    extra = tmp_path / "inf.toml"
+    extra.write_text("[register.internal]\nmax_staleness = 1\nbatch_size = 8\n")
+    r = f.cli(
+        "inf",
+        "--config",
+        str(extra),
+        "run",
+        "--port",
+        str(_port()),
+        "--detach",
+        *MODEL,
+        "--max-concurrent-rollouts",
+        "4",
+    )
+    assert r.code == 0, r.err
+    doc = json.loads(f.cli("inf", "status", "--json").out)
+    (model,) = doc["models"]
+    adm = model["admission"]
+    assert (adm["max_staleness"], adm["batch_size"], adm["max_concurrent_rollouts"]) == (1, 8, 4)
+    text = f.cli("inf", "status").out
+    assert "CAPACITY LEFT" in text and "max_concurrent_rollouts=4" in text
+    assert f.cli("inf", "stop").code == 0
+    # Half a staleness bound is a usage error before anything starts.
+    r = f.cli("inf", "run", "--port", str(_port()), "--detach", *MODEL, "--max-staleness", "1")
+    assert r.code == 2 and "--max-staleness and --batch-size go together" in r.err
+    assert st.load("inf", "default") is None
+
+
 def test_foreground_ctrl_c_and_sigterm_tear_down(clean):
     f = clean
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -47,6 +47,7 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("list_workers", (), {}),
     ("start_group", ("t-1", 2, "tiny"), {}),
     ("start_session", ("t-1",), {}),
+    ("start_group", ("t-1", 2, "tiny"), {"wait_s": 2.5}),
     ("set_reward", (S, 0.5), {"interaction_id": "c-1"}),
     ("set_reward", ("sess-0", 1.0), {}),
     ("end_session", (S,), {}),
@@ -195,3 +196,23 @@ async def test_async_connection_errors() -> None:
         with pytest.raises(APITimeoutError):
             async for _ in ac.iter_export(group_id="g"):
                 pass
+
+
+async def test_async_start_when_admitted_honours_retry_after(monkeypatch) -> None:
+    slept: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        slept.append(s)
+
+    monkeypatch.setattr("areal_client.async_client.async_sleep", fake_sleep)
+    refusal = httpx.Response(
+        429,
+        json={"error": {"message": "full", "type": "rate_limit_error", "code": "staleness_bound"}},
+        headers={"Retry-After": "4"},
+    )
+    answers = [refusal, httpx.Response(201, json=group_answer(1))]
+    gw = FakeGateway()
+    gw.on("POST", "/rl/start_session", lambda request: answers.pop(0))
+    async with AsyncArealClient(BASE, ADMIN, transport=gw.transport()) as client:
+        session = await client.start_session_when_admitted(max_wait_s=60)
+    assert session.session_id == "sess-0" and slept == [4.0]

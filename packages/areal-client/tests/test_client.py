@@ -742,3 +742,47 @@ def test_a_worker_listing_of_the_wrong_shape_is_an_invalid_response(areal, gw) -
     )
     with pytest.raises(InvalidResponseError, match="'inflight_requests' should be int"):
         areal.list_workers()
+
+
+# -- admission ------------------------------------------------------------------------
+
+
+def _refusal(code: str = "capacity_exhausted", retry_after: str = "2") -> httpx.Response:
+    body = {"error": {"message": "full", "type": "rate_limit_error", "code": code, "param": None}}
+    return httpx.Response(429, json=body, headers={"Retry-After": retry_after})
+
+
+def test_a_refused_start_is_a_rate_limit_error_with_its_retry_after(areal, gw) -> None:
+    gw.on("POST", "/rl/start_session", _refusal("staleness_bound", "3"))
+    with pytest.raises(RateLimitError) as exc:
+        areal.start_session(model="tiny", wait_s=1.5)
+    assert exc.value.code == "staleness_bound" and exc.value.retry_after == 3.0
+    assert gw.last_body() == {"task_id": "", "group_size": 1, "model": "tiny", "wait_s": 1.5}
+
+
+@pytest.mark.parametrize("wait_s", [-1, 601, True, "1", math.nan])
+def test_a_bad_wait_is_refused_before_sending(areal, gw, wait_s) -> None:
+    with pytest.raises(ValueError, match="wait_s"):
+        areal.start_group(group_size=1, wait_s=wait_s)
+    assert gw.requests == []
+
+
+def test_start_when_admitted_retries_after_retry_after_until_admitted(
+    areal, gw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("areal_client.client.sleep", slept.append)
+    answers = [_refusal(), _refusal(), httpx.Response(201, json=group_answer(2))]
+    gw.on("POST", "/rl/start_session", lambda request: answers.pop(0))
+    group = areal.start_group_when_admitted(group_size=2, max_wait_s=30)
+    assert len(group.sessions) == 2 and slept == [2.0, 2.0]
+    # Every try asks the gateway to wait for room with what is left of the deadline.
+    waits = [json.loads(r.content)["wait_s"] for r in gw.requests]
+    assert all(0 < w <= 30 for w in waits)
+
+
+def test_start_when_admitted_gives_up_at_its_deadline(areal, gw) -> None:
+    gw.on("POST", "/rl/start_session", _refusal(retry_after="1"))
+    with pytest.raises(RateLimitError):
+        areal.start_session_when_admitted(max_wait_s=0.3)
+    assert 1 <= len(gw.requests) <= 2

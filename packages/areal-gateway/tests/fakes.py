@@ -90,6 +90,7 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
         # naming an unknown id and no model is a 404, as the real router answers.
         self.pins: dict[str, str] = {}
         self._rr = itertools.count()
+        self.binds: list[router_pb2.BindSessionRequest] = []
 
     def set_health(self, proxy_id: str, health: int) -> None:
         self.proxies[proxy_id].health = health  # type: ignore[assignment]
@@ -201,6 +202,19 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
             info.proxy_ids.extend(p.proxy_id for p in self.proxies.values() if p.model == m.name)
             out.append(info)
         return router_pb2.ListModelsResponse(models=out)
+
+    # Admission: a test sets `refuse_starts` to the refusal every BindSession with admission
+    # answers (the rule itself is the real router's, tested there).
+    refuse_starts: ServiceError | None = None
+
+    async def BindSession(self, request: Any, context: Any) -> Any:
+        self.binds.append(request)
+        if request.HasField("admission") and self.refuse_starts is not None:
+            await abort(context, self.refuse_starts)
+        proxy = next(p for p in self.proxies.values() if p.model == request.model)
+        for sid in request.session_ids:
+            self.pins[sid] = proxy.proxy_id
+        return router_pb2.BindSessionResponse(proxy_id=proxy.proxy_id, address=proxy.address)
 
 
 # Registers a FakeProxy's services, as an inference proxy does.

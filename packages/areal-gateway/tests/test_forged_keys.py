@@ -177,6 +177,8 @@ INFERENCE_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/export_trajectories", {}),
     ("POST", "/rl/start_session", {"group_size": 1}),
     ("GET", "/admin/models", None),
+    ("GET", "/admin/admission", None),
+    ("PUT", f"/admin/models/{MODEL}/admission", {"max_concurrent_rollouts": 1}),
 ]
 AGENT_SID = "agent-0123456789abcdef01234567"
 AGENT_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [

@@ -83,9 +83,23 @@ REGISTER = obj(
     }
 )
 SESSION_IDS = st.lists(TEXT, max_size=2)
+BOUND = st.integers(-2, 100) | st.none() | JSON
+ADMISSION = obj(
+    {
+        "max_staleness": BOUND,
+        "batch_size": BOUND,
+        "max_concurrent_rollouts": BOUND,
+        "reset_consumed": st.booleans() | JSON,
+    }
+)
 RL = {
     "/rl/start_session": obj(
-        {"task_id": TEXT, "group_size": st.integers(-1, 3), "model": st.just(MODEL) | TEXT}
+        {
+            "task_id": TEXT,
+            "group_size": st.integers(-1, 3),
+            "model": st.just(MODEL) | TEXT,
+            "wait_s": st.floats(-1, 700) | JSON,
+        }
     ),
     "/rl/set_reward": obj(
         {"reward": st.floats(allow_nan=False), "interaction_id": TEXT, "session_id": TEXT}
@@ -123,6 +137,13 @@ ENDPOINTS: list[tuple[str, Any, Any, bool]] = [
     ("DELETE", st.builds(lambda n: f"/admin/models/{quote(n, safe='')}", NAME), None, False),
     ("POST", st.builds(lambda n: f"/admin/models/{quote(n, safe='')}/proxies", NAME), PROXY, False),
     ("GET", "/admin/workers", None, False),
+    ("GET", "/admin/admission", None, True),
+    (
+        "PUT",
+        st.builds(lambda n: f"/admin/models/{quote(n, safe='')}/admission", NAME | st.just(MODEL)),
+        ADMISSION,
+        True,
+    ),
     *(("POST", path, body, True) for path, body in RL.items()),
     *(("POST", path, body, True) for path, body in CONTROL.items()),
 ]

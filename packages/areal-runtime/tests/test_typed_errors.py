@@ -186,3 +186,15 @@ async def test_a_bare_status_maps_by_status(stub, status, cls, status_code, code
     assert type(err) is cls and (err.http_status, err.code) == (status_code, code)
     if cls is errors.UpstreamUnavailable:
         assert err.message == "router unavailable: bare status"
+
+
+def test_retry_after_travels_in_the_detail():
+    err = errors.AdmissionRefused("full", code="staleness_bound", retry_after_s=7)
+    back = ServiceError.from_detail(
+        envelope_pb2.ErrorDetail.FromString(err.detail().SerializeToString())
+    )
+    assert isinstance(back, errors.AdmissionRefused) and back.code == "staleness_bound"
+    assert back.retry_after_s == 7 and back.http_status == 429
+    # An error that says nothing keeps saying nothing.
+    plain = ServiceError.from_detail(errors.Overloaded("busy").detail())
+    assert plain.retry_after_s is None

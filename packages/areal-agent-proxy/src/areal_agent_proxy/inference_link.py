@@ -13,6 +13,7 @@ inference gateway answered keeps its code, a 5xx of its own becomes 502.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from areal_client import (
@@ -21,6 +22,7 @@ from areal_client import (
     ArealClientError,
     AsyncArealClient,
     ExportAck,
+    RateLimitError,
     Session,
 )
 from areal_runtime.errors import (
@@ -63,11 +65,16 @@ class InferenceLink:
         if isinstance(e, APIStatusError):
             # The inference gateway's own error keeps its class (a session it does not know
             # is a SessionNotFound here too); its server failures are a bad gateway here.
-            return error_for(
+            err = error_for(
                 e.status if e.status < 500 else 502,
                 f"inference service: {e.message}",
                 code=e.code or "inference_error",
             )
+            if isinstance(e, RateLimitError) and e.retry_after:
+                # The inference service's admission control refused the session: the agent
+                # gateway answers its Retry-After too.
+                err.retry_after_s = max(1, math.ceil(e.retry_after))
+            return err
         return UpstreamError(f"inference service: {e}", code="inference_error")
 
     def _session(self, session_key: str) -> Session:

@@ -67,6 +67,10 @@ SCHEMAS: dict[str, dict[str, dict[str, tuple[type, ...]]]] = {
             "model_health_timeout": _NUM,
             "engine_args": _STR,
             "proxy_args": _STR,
+            # Admission bounds (areal_cli.admission).
+            "max_staleness": _INT,
+            "batch_size": _INT,
+            "max_concurrent_rollouts": _INT,
         },
         "engine": {},
         "engine.sglang": _ENGINE,

@@ -265,6 +265,7 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
     doc["router"] = router
     if group == "inf":
         parsing = _parsing(group, service, gw["url"]) if body is not None else {}
+        admitting = _admission(group, service, gw["url"]) if body is not None else {}
         models = []
         for name, m in (s.get("models") or {}).items():
             reps = []
@@ -286,6 +287,9 @@ def status_doc(group: str, service: str, *, probe: bool = True) -> dict[str, Any
                     "model_path": m.get("model_path"),
                     "phase": m.get("phase", "running"),
                     "replicas": reps,
+                    # Weight version, sessions by state and capacity left (None: the
+                    # gateway did not answer).
+                    "admission": admitting.get(name),
                 }
             )
         doc["models"] = models
@@ -335,6 +339,13 @@ def _parsing(group: str, service: str, url: str) -> dict[str, dict[str, Any]]:
         for w in workers or []
         if isinstance(w, dict)
     }
+
+
+def _admission(group: str, service: str, url: str) -> dict[str, dict[str, Any]]:
+    from areal_cli import admission
+
+    key = st.load_secrets(group, service).get("admin_api_key", "")
+    return admission.fetch(url, key)
 
 
 def _supervision(s: dict[str, Any], described: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -424,6 +435,20 @@ def print_status(doc: dict[str, Any]) -> None:
     headers += ["LAST FAILURE", "LOG"]
     print_table(headers, rows)
     _print_parsing(doc)
+    _print_admission(doc)
+
+
+def _print_admission(doc: dict[str, Any]) -> None:
+    """Per model: the weight version admission control uses, its sessions by state, and the
+    capacity left (the tighter bound's room; `unbounded` without bounds)."""
+    from areal_cli import admission
+
+    rows = [
+        admission.describe(m["admission"]) for m in doc.get("models") or [] if m.get("admission")
+    ]
+    if rows:
+        print()
+        print_table(admission.HEADERS, rows)
 
 
 def _print_parsing(doc: dict[str, Any]) -> None:

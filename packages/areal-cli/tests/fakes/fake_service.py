@@ -44,6 +44,8 @@ def common(p: argparse.ArgumentParser) -> None:
 
 
 MODELS: dict[str, dict] = {}
+# Admission bounds per model, as PUT /admin/models/{name}/admission set them.
+ADMISSION: dict[str, dict] = {}
 PAIRS: dict[str, dict] = {}  # agent mode: proxy_id -> worker JSON
 
 
@@ -74,6 +76,25 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"models": list(MODELS.values())})
         elif self.path == "/admin/pairs" and self._admin():
             self._send(200, {"pairs": list(PAIRS.values())})
+        elif self.path == "/admin/admission" and self._admin():
+            models = [
+                {
+                    "model": name,
+                    "max_staleness": None,
+                    "batch_size": None,
+                    "max_concurrent_rollouts": None,
+                    **ADMISSION.get(name, {}),
+                    "version": 0,
+                    "running": 0,
+                    "ended": 0,
+                    "consumed": 0,
+                    "waiting": 0,
+                    "capacity_left": ADMISSION.get(name, {}).get("max_concurrent_rollouts"),
+                    "limited_by": "capacity" if ADMISSION.get(name) else None,
+                }
+                for name in MODELS
+            ]
+            self._send(200, {"models": models})
         elif self.path == "/admin/workers" and self._admin():
             # Inference replicas say how they read tools, as the router has it from GetStats.
             parsing = {
@@ -112,6 +133,18 @@ class Handler(BaseHTTPRequestHandler):
             workers = [{**p, "health": "healthy"} for p in body.get("proxies", [])]
             MODELS[body["name"]] = {"name": body["name"], "kind": body["kind"], "workers": workers}
             self._send(201, {"name": body["name"], "kind": body["kind"]})
+
+    def do_PUT(self) -> None:
+        parts = self.path.split("/")
+        if self.path.endswith("/admission") and len(parts) == 5 and self._admin():
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if parts[3] not in MODELS:
+                self._send(404, {"error": {"message": "unknown model"}})
+                return
+            ADMISSION[parts[3]] = body
+            self._send(200, {"model": parts[3], **body})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
 
     def do_DELETE(self) -> None:
         name = self.path.rsplit("/", 1)[-1]

@@ -7,9 +7,11 @@ read answers identically, and a change to the API is made once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -23,6 +25,7 @@ from areal_client.errors import (
     ExportInterruptedError,
     InvalidResponseError,
     PartialFailureError,
+    RateLimitError,
     status_error,
 )
 from areal_client.types import (
@@ -63,6 +66,10 @@ MAX_GROUP_SIZE = 1024
 STYLES = ("concat", "individual")
 SIDE_CALLS = ("include", "exclude", "only")
 CONTROL_ACTIONS = ("pause", "continue", "set_version", "update_weights")
+# The gateway's bound on a start's wait for admission (StartSessionRequest.wait_s).
+MAX_WAIT_S = 600.0
+# What a start that waited still needs for itself (the gateway's router and proxy calls).
+START_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class Call(Generic[T]):
     parse: Callable[[Any, int], T]  # (JSON body, HTTP status) -> result
     body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # Seconds for this call instead of the client's timeout (a start that may wait).
+    timeout: float | None = None
 
     def request_headers(self) -> dict[str, str]:
         out = dict(self.headers)
@@ -86,16 +95,37 @@ class Call(Generic[T]):
         return None if self.body is None else json.dumps(self.body).encode()
 
 
+# The pause between admission retries, one name per flavour: gen_sync_client.py renames
+# `async_sleep` to `sleep` in the generated sync client.
+async_sleep = asyncio.sleep
+sleep = time.sleep
+
+
+def admission_pause(err: RateLimitError, left: float) -> float | None:
+    """How long a start refused with `err` waits before it tries again, with `left`
+    seconds of its deadline to go: the answer's Retry-After (1 s when it gave none), never
+    past the deadline; None when the deadline has passed (the caller raises `err`)."""
+    if left <= 0:
+        return None
+    return min(err.retry_after if err.retry_after is not None else 1.0, left)
+
+
+def admission_wait(left: float) -> float:
+    """The gateway-side wait (wait_s) of the next try, with `left` seconds to go."""
+    return min(max(0.0, left), MAX_WAIT_S)
+
+
 def transport_error(e: httpx.RequestError, call: Call[Any]) -> APIConnectionError:
     kind = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
     detail = str(e) or type(e).__name__
     return kind(f"{type(e).__name__}: {detail}", method=call.method, path=call.path)
 
 
-def decode(call: Call[T], status: int, raw: bytes) -> T:
+def decode(call: Call[T], status: int, raw: bytes, headers: httpx.Headers | None = None) -> T:
     """The result of a finished call, or its typed error."""
     if status >= 400:
-        raise status_error(status, raw, method=call.method, path=call.path)
+        retry_after = headers.get("retry-after") if headers is not None else None
+        raise status_error(status, raw, method=call.method, path=call.path, retry_after=retry_after)
     try:
         doc = json.loads(raw) if raw else {}
     except ValueError:
@@ -178,7 +208,9 @@ class Requests:
 
     # -- RL API -----------------------------------------------------------------
 
-    def start_group(self, task_id: str, group_size: int, model: str | None) -> Call[Group]:
+    def start_group(
+        self, task_id: str, group_size: int, model: str | None, wait_s: float = 0.0
+    ) -> Call[Group]:
         if not isinstance(task_id, str):
             raise ValueError(f"task_id must be a string, got {task_id!r}")
         if (
@@ -189,9 +221,19 @@ class Requests:
             raise ValueError(
                 f"group_size must be an integer from 1 to {MAX_GROUP_SIZE}, got {group_size!r}"
             )
+        if (
+            isinstance(wait_s, bool)
+            or not isinstance(wait_s, (int, float))
+            or not 0 <= wait_s <= MAX_WAIT_S
+        ):
+            raise ValueError(
+                f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {wait_s!r}"
+            )
         body: dict[str, Any] = {"task_id": task_id, "group_size": group_size}
         if model:
             body["model"] = model
+        if wait_s:
+            body["wait_s"] = float(wait_s)
         base = self.base_url
 
         def parse(doc: Any, _: int) -> Group:
@@ -202,7 +244,9 @@ class Requests:
                 )
             return group
 
-        return Call("POST", "/rl/start_session", self.admin, parse, body)
+        # A start that may wait for admission gets the wait on top of a call's time.
+        timeout = wait_s + START_SLACK_S if wait_s else None
+        return Call("POST", "/rl/start_session", self.admin, parse, body, timeout=timeout)
 
     def set_reward(
         self, session: Session | str, reward: float, interaction_id: str | None

@@ -7,10 +7,12 @@ the two never drift apart. What a call sends and how its answer is read is `_api
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import httpx
+from httpx import USE_CLIENT_DEFAULT
 
 from areal_client._api import (
     DEFAULT_MAX_CONNECTIONS,
@@ -19,8 +21,11 @@ from areal_client._api import (
     Call,
     Requests,
     admin_key_from,
+    admission_pause,
+    admission_wait,
     decode,
     decode_line,
+    sleep,
     transport_error,
 )
 from areal_client._version import __version__
@@ -28,6 +33,7 @@ from areal_client.errors import (
     ArealClientError,
     ExportNotAcknowledgedError,
     InvalidResponseError,
+    RateLimitError,
     status_error,
 )
 from areal_client.types import (
@@ -94,11 +100,15 @@ class ArealClient:
     def _run(self, call: Call[T]) -> T:
         try:
             r = self._http.request(
-                call.method, call.path, content=call.content(), headers=call.request_headers()
+                call.method,
+                call.path,
+                content=call.content(),
+                headers=call.request_headers(),
+                timeout=call.timeout if call.timeout is not None else USE_CLIENT_DEFAULT,
             )
         except httpx.RequestError as e:
             raise transport_error(e, call) from e
-        return decode(call, r.status_code, r.content)
+        return decode(call, r.status_code, r.content, r.headers)
 
     # -- service ----------------------------------------------------------------
 
@@ -120,15 +130,53 @@ class ArealClient:
     # -- sessions, rewards, trajectories ----------------------------------------------
 
     def start_group(
-        self, task_id: str = "", group_size: int = 1, model: str | None = None
+        self,
+        task_id: str = "",
+        group_size: int = 1,
+        model: str | None = None,
+        *,
+        wait_s: float = 0.0,
     ) -> Group:
         """`group_size` sessions for one task, on one proxy (`model` may be omitted when the
-        service serves one)."""
-        return self._run(self._api.start_group(task_id, group_size, model))
+        service serves one). Under the model's admission bounds the gateway waits up to
+        `wait_s` seconds (0..600) for room, then answers 429 (`RateLimitError`, code
+        `capacity_exhausted` or `staleness_bound`, with `retry_after`)."""
+        return self._run(self._api.start_group(task_id, group_size, model, wait_s))
 
-    def start_session(self, task_id: str = "", model: str | None = None) -> Session:
-        """One session (a group of one)."""
-        group = self.start_group(task_id, 1, model)
+    def start_group_when_admitted(
+        self,
+        task_id: str = "",
+        group_size: int = 1,
+        model: str | None = None,
+        *,
+        max_wait_s: float = 600.0,
+    ) -> Group:
+        """Start a group as soon as the model's admission bounds admit it, waiting up to
+        `max_wait_s` seconds in all: the gateway holds the start until there is room (its
+        `wait_s`), and a 429 that still comes back is retried after its Retry-After. Past
+        `max_wait_s`, the last `RateLimitError` is raised."""
+        deadline = time.monotonic() + max_wait_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.start_group(task_id, group_size, model, wait_s=admission_wait(left))
+            except RateLimitError as err:
+                pause = admission_pause(err, deadline - time.monotonic())
+                if pause is None:
+                    raise
+                sleep(pause)
+
+    def start_session(
+        self, task_id: str = "", model: str | None = None, *, wait_s: float = 0.0
+    ) -> Session:
+        """One session (a group of one); `wait_s` as in `start_group`."""
+        return (self.start_group(task_id, 1, model, wait_s=wait_s)).sessions[0]
+
+    def start_session_when_admitted(
+        self, task_id: str = "", model: str | None = None, *, max_wait_s: float = 600.0
+    ) -> Session:
+        """One session, as soon as admission admits it (`start_group_when_admitted`)."""
+        group = self.start_group_when_admitted(task_id, 1, model, max_wait_s=max_wait_s)
         return group.sessions[0]
 
     def set_reward(

@@ -93,7 +93,11 @@ class ConflictError(APIStatusError):
 
 
 class RateLimitError(APIStatusError):
-    pass
+    """429: e.g. the model's admission bounds refused a start (`code`
+    `capacity_exhausted` or `staleness_bound`). `retry_after` is the answer's Retry-After
+    in seconds (None when it said none)."""
+
+    retry_after: float | None = None
 
 
 class InternalServerError(APIStatusError):
@@ -160,7 +164,9 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
 }
 
 
-def status_error(status: int, raw: bytes, *, method: str = "", path: str = "") -> APIStatusError:
+def status_error(
+    status: int, raw: bytes, *, method: str = "", path: str = "", retry_after: str | None = None
+) -> APIStatusError:
     """The typed error for an error answer, with the gateway's message when it sent one."""
     try:
         body: Any = json.loads(raw) if raw else None
@@ -184,7 +190,7 @@ def status_error(status: int, raw: bytes, *, method: str = "", path: str = "") -
         # Not the gateway's error shape (an HTTP proxy in between, a crash page): show it.
         message = " ".join(raw.decode("utf-8", "replace").split())[:300] or "(empty body)"
     cls = _BY_STATUS.get(status, InternalServerError if status >= 500 else APIStatusError)
-    return cls(
+    out = cls(
         status,
         message,
         code=str(code) if code else None,
@@ -194,3 +200,9 @@ def status_error(status: int, raw: bytes, *, method: str = "", path: str = "") -
         path=path,
         body=body,
     )
+    if isinstance(out, RateLimitError) and retry_after:
+        try:
+            out.retry_after = max(0.0, float(retry_after))
+        except ValueError:
+            pass  # an HTTP date: not what the gateway sends; retry on the caller's cadence
+    return out

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from areal_gateway import admin, apidoc, control, rl
+from areal_gateway import admin, admission, apidoc, control, rl
 from areal_gateway.metrics import MetricsMiddleware
 from areal_gateway.openai import models
 from areal_gateway.openai.errors import install_error_handlers
@@ -60,7 +60,7 @@ async def metrics(request: Request) -> Response:
 def api_routers(mode: str) -> list[APIRouter]:
     """The typed JSON APIs a gateway in `mode` serves (and documents)."""
     if mode == "inference":
-        return [admin.router, rl.router, control.router, stored_responses.router]
+        return [admin.router, admission.router, rl.router, control.router, stored_responses.router]
     from areal_gateway import agent
 
     return list(agent.routers)

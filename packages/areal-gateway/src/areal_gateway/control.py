@@ -10,6 +10,7 @@ the proxies resubmit them on continue, so clients see slower answers, never erro
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
@@ -28,6 +29,8 @@ from areal_gateway.schemas import (
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import Conflict, NotFound, ServiceError, UpstreamError
+
+log = logging.getLogger(__name__)
 
 
 async def _targets(gw: Gateway, target: ControlTarget) -> list[router_pb2.ProxyInfo]:
@@ -72,6 +75,8 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
                 }
             )
     versions = [w["version"] for w in workers if "version" in w]
+    if action in ("set_version", "update_weights"):
+        await _tell_admission(gw, target, workers)
     body = {
         "action": action,
         "workers": workers,
@@ -79,6 +84,34 @@ async def _apply(gw: Gateway, action: str, req: Any, target: ControlTarget) -> R
     }
     status = 200 if not failed else (failed[0].http_status if len(failed) == len(workers) else 207)
     return json_response(body, status)
+
+
+async def _tell_admission(
+    gw: Gateway, target: ControlTarget, workers: list[dict[str, Any]]
+) -> None:
+    """The version every proxy of a model now stamps is the admission rule's version at
+    once (the router's health polls would see it only within a poll interval, and a lower
+    version, a trainer starting over, only as the highest the proxies report). Only when
+    the call reached every proxy of the model: one worker, or a partial failure, is left to
+    the polls. Best effort: a router error here does not fail the weight update that
+    succeeded."""
+    if target.worker:
+        return
+    by_model: dict[str, set[int]] = {}
+    failed: set[str] = set()
+    for w in workers:
+        if "version" in w:
+            by_model.setdefault(w["model"], set()).add(int(w["version"]))
+        else:
+            failed.add(w["model"])
+    for model, versions in by_model.items():
+        if model in failed or len(versions) != 1:
+            continue
+        (version,) = versions
+        try:
+            await gw.router.set_admission(model, version=version)
+        except ServiceError as err:
+            log.warning("admission: could not set %s's version %d: %s", model, version, err)
 
 
 router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["control"])

@@ -1,6 +1,7 @@
 """The RL API: sessions, rewards, trajectories (docs/services.md, docs/architecture.md).
 
-| POST /rl/start_session       | admin key   | a group of sessions on one proxy, placed by load     |
+| POST /rl/start_session       | admin key   | a group of sessions on one proxy, placed by load,    |
+|                              |             | once the model's admission bounds admit it (wait_s)  |
 | POST /rl/set_reward          | session key | reward its session's last (or a named) interaction   |
 | POST /rl/export_trajectories | admin key, or a session key for its own session          |
 | POST /rl/end_session         | session key (its own) or admin key (`session_ids`)        |
@@ -159,7 +160,9 @@ async def start_session(
     body: Annotated[StartSessionRequest, Body(default_factory=StartSessionRequest)],
 ) -> Response:
     """A group of sessions, pinned together to one proxy chosen by load; each session gets
-    its own key. `model` may be omitted when one model is served (several: 400)."""
+    its own key. `model` may be omitted when one model is served (several: 400). Under the
+    model's admission bounds (docs/services.md, "Admission") the group's n sessions start only
+    while they fit: else 429 with Retry-After, after waiting up to `wait_s` for room."""
     task_id = body.task_id or ""
     size = body.group_size
     model = await _pick_model(gw, body.model or "")
@@ -178,7 +181,11 @@ async def start_session(
         model=model,
         sessions=size,
     ):
-        bound = await gw.router.bind_sessions([group_pin(group_id), *ids], model)
+        # The router admits the group's sessions (the samples; not the group pin) and pins
+        # them in one step, so concurrent starts through any gateway never overshoot.
+        bound = await gw.router.bind_sessions(
+            [group_pin(group_id), *ids], model, admit=ids, wait_s=body.wait_s
+        )
         try:
             await gw.proxies.get(bound.address).start_sessions(
                 proxy_pb2.StartSessionsRequest(
@@ -271,6 +278,9 @@ async def end_session(
         ended += await gw.proxies.get(address).end_sessions(
             proxy_pb2.EndSessionsRequest(session_ids=[sid], envelope=_envelope(principal, request))
         )
+    # Ended sessions no longer generate: they leave the concurrency bound (not the staleness
+    # bound: their samples are not yet consumed). Idempotent, like the end itself.
+    await gw.router.end_admitted(ids)
     return json_response({"ended": ended})
 
 
@@ -416,7 +426,8 @@ async def ack_export(
     # the sessions bound with it) once its last session is.
     pins = [*removed, *(group_pin(g) for g in emptied)]
     if pins:
-        await gw.router.release_sessions(pins, with_bound=bool(emptied))
+        # Exported and acknowledged: admission control counts them as consumed.
+        await gw.router.release_sessions(pins, with_bound=bool(emptied), consumed=True)
     return json_response({"export_id": export_id, "removed": removed, "kept": kept})
 
 

@@ -237,10 +237,52 @@ class RetiredWorker(_Response):
 # --- RL API (rl.py) ----------------------------------------------------------------------------
 
 
+# The longest a start may wait for admission (seconds).
+MAX_ADMISSION_WAIT_S = 600.0
+
+
 class StartSessionRequest(_Request):
     task_id: str | None = None
     group_size: int = Field(1, ge=1, le=MAX_GROUP_SIZE)
     model: str | None = Field(None, description="may be omitted when one model is served")
+    wait_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=MAX_ADMISSION_WAIT_S,
+        allow_inf_nan=False,
+        description="wait up to this many seconds for the model's admission bounds to "
+        "admit the group, then 429; 0: answer at once",
+    )
+
+
+class AdmissionUpdate(_Request):
+    """`PUT /admin/models/{name}/admission`: a field given sets that bound, `null` removes
+    it, a field left out keeps it."""
+
+    max_staleness: int | None = Field(None, ge=0, description="η, in weight versions")
+    batch_size: int | None = Field(None, ge=1, description="samples the trainer takes a version")
+    max_concurrent_rollouts: int | None = Field(None, ge=1)
+    reset_consumed: bool = Field(False, description="forget the consumed count (a new run)")
+
+
+class AdmissionStatus(_Response):
+    model: str
+    max_staleness: int | None
+    batch_size: int | None
+    max_concurrent_rollouts: int | None
+    version: int
+    running: int
+    ended: int
+    consumed: int
+    capacity_left: int | None = Field(description="null: no bound")
+    limited_by: Literal["capacity", "staleness"] | None
+    admitted_total: int
+    refused_total: int
+    waiting: int
+
+
+class AdmissionList(_Response):
+    models: list[AdmissionStatus]
 
 
 class SessionCredentials(_Response):

@@ -246,6 +246,7 @@ class HealthPoller:
             model=stats.model,
             detail=stats.detail,
             parsing=(stats.tool_call_parser, stats.reasoning_parser, stats.default_tool_prompt),
+            version=stats.version,
         )
         if t is not None:
             t.lost = False

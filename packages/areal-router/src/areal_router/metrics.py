@@ -56,6 +56,44 @@ class _RegistryCollector(Collector):
         pins = GaugeMetricFamily("areal_router_session_pins", "Sessions pinned to a proxy")
         pins.add_metric([], len(self._registry.pins))
         yield pins
+        yield from _admission_gauges(self._registry)
+
+
+def _admission_gauges(registry: Registry) -> Iterator[GaugeMetricFamily]:
+    """Per model under admission control (areal_router.admission): its weight version,
+    its sessions by state, the room left (-1: no bound), and the starts waiting for room."""
+    adm = registry.admission
+    families = {
+        "version": GaugeMetricFamily(
+            "areal_admission_version", "Weight version the admission rule uses", labels=["model"]
+        ),
+        "capacity_left": GaugeMetricFamily(
+            "areal_admission_capacity_left",
+            "Sessions a start may still add now (-1: no bound)",
+            labels=["model"],
+        ),
+        "running": GaugeMetricFamily(
+            "areal_admission_running", "Admitted sessions not yet ended", labels=["model"]
+        ),
+        "ended": GaugeMetricFamily(
+            "areal_admission_ended",
+            "Ended sessions not yet exported and acknowledged",
+            labels=["model"],
+        ),
+        "consumed": GaugeMetricFamily(
+            "areal_admission_consumed",
+            "Sessions exported and acknowledged (consumed by the trainer)",
+            labels=["model"],
+        ),
+        "waiting": GaugeMetricFamily(
+            "areal_admission_waiting", "Session starts waiting for room", labels=["model"]
+        ),
+    }
+    for name in sorted(adm.models):
+        st = adm.state(name)
+        for key, fam in families.items():
+            fam.add_metric([name], float(getattr(st, key)))
+    yield from families.values()
 
 
 class RouterMetrics:
@@ -83,6 +121,13 @@ class RouterMetrics:
             "areal_router_bind_sessions",
             "BindSession calls by result",
             ["result"],
+            registry=self.prom,
+        )
+        self.admissions = Counter(
+            "areal_admission_sessions",
+            "Sessions asking to start under admission control, by model and result "
+            "(admitted, capacity_exhausted, staleness_bound)",
+            ["model", "result"],
             registry=self.prom,
         )
         self.polls = Counter(

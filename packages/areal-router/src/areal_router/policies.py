@@ -381,8 +381,10 @@ class Router:
         self.registry.note_chosen(proxy, routed=False)
         return proxy
 
-    def release(self, session_ids: Sequence[str], *, with_bound: bool = False) -> int:
-        return self.registry.unpin(session_ids, with_bound=with_bound)
+    def release(
+        self, session_ids: Sequence[str], *, with_bound: bool = False, consumed: bool = False
+    ) -> int:
+        return self.registry.unpin(session_ids, with_bound=with_bound, consumed=consumed)
 
     def forget_proxies(self, proxy_ids: Sequence[str]) -> None:
         for pid in proxy_ids:

@@ -33,6 +33,8 @@ class ProxyStats:
     tool_call_parser: str = ""
     reasoning_parser: str = ""
     default_tool_prompt: bool = False
+    # The weight version it stamps on new tokens (admission control's version).
+    version: int = 0
 
 
 class PushUnsupported(Exception):
@@ -95,6 +97,7 @@ class ProxyClient:
             tool_call_parser=r.tool_call_parser,
             reasoning_parser=r.reasoning_parser,
             default_tool_prompt=r.default_tool_prompt,
+            version=r.version,
         )
 
     async def close(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_proto.router.v1 import router_pb2
+from areal_router.admission import Admission
 from areal_runtime.errors import Conflict, InvalidRequest, ModelExists
 
 log = logging.getLogger("areal_router.registry")
@@ -202,10 +203,14 @@ class Registry:
         self._candidates: dict[tuple[str, int], tuple[int, list[ProxyState]]] = {}
         self._choice_seq = 0
         self._proxy_seq = 0
+        # Admission control: follows the pins (a released pin settles its session).
+        self.admission = Admission()
 
     @property
     def dirty(self) -> bool:
-        return bool(self.dirty_models or self.dirty_proxies or self.dirty_pins)
+        return bool(
+            self.dirty_models or self.dirty_proxies or self.dirty_pins or self.admission.dirty
+        )
 
     # -- models ---------------------------------------------------------
 
@@ -243,6 +248,7 @@ class Registry:
             self._drop_proxy(pid)
         self.models.pop(name, None)
         self.dirty_models.add(name)
+        self.admission.forget_model(name)
         self.generation += 1
         return True, proxy_ids
 
@@ -331,6 +337,7 @@ class Registry:
             self.pin_used.pop(sid, None)
             self._unbundle(sid)
         self.dirty_pins.update(state.sessions)
+        self.admission.settle(state.sessions, consumed=False)
         state.sessions.clear()
         m = self.models.get(state.model)
         if m is not None:
@@ -394,6 +401,7 @@ class Registry:
         detail: str = "",
         parsing: tuple[str, str, bool] = ("", "", False),
         now_ms: int | None = None,
+        version: int = 0,
     ) -> tuple[int, int] | None:
         """A successful GetStats. Returns (old, new) health, or None if unknown proxy."""
         p = self.proxies.get(proxy_id)
@@ -412,6 +420,8 @@ class Registry:
         _forget_before(p.routed_at, self.monotonic() - self.report_grace)
         p.routed_since_report = len(p.routed_at)
         p.parsing = parsing
+        if not model or model == p.model:
+            self.admission.observe_version(p.model, version)
         if model and model != p.model:
             # Never send model B's requests to a proxy that serves model A.
             p.health = UNHEALTHY
@@ -464,18 +474,24 @@ class Registry:
             self.dirty_pins.add(sid)
         self.generation += 1
 
-    def unpin(self, session_ids: Iterable[str], *, with_bound: bool = False) -> int:
+    def unpin(
+        self, session_ids: Iterable[str], *, with_bound: bool = False, consumed: bool = False
+    ) -> int:
         """Release pins; with `with_bound`, also those a listed id's bind made with it when
-        that id came first (a group pin's sessions), while that bind still pins them."""
+        that id came first (a group pin's sessions), while that bind still pins them. The
+        admitted sessions among them are settled: consumed (exported and acknowledged) when
+        `consumed`, else dropped."""
         ids = list(session_ids)
         if with_bound:
             ids += [sid for head in ids for sid in self.bundles.get(head, ())]
         released = 0
+        gone: list[str] = []
         for sid in ids:
             pid = self.pins.pop(sid, None)
             if pid is None:
                 continue
             released += 1
+            gone.append(sid)
             self.pin_used.pop(sid, None)
             self._unbundle(sid)
             self.dirty_pins.add(sid)
@@ -483,6 +499,7 @@ class Registry:
             if p is not None:
                 p.sessions.discard(sid)
         if released:
+            self.admission.settle(gone, consumed=consumed)
             self.generation += 1
         return released
 
@@ -627,6 +644,7 @@ class Registry:
         self.dirty_models.update(self.models)
         self.dirty_proxies.update(self.proxies)
         self.dirty_pins.update(self.pins)
+        self.admission.mark_all_dirty()
 
 
 def _forget_before(recent: deque[float], cutoff: float) -> None:

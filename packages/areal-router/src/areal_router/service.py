@@ -13,10 +13,11 @@ from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_router.health import HealthPoller
 from areal_router.metrics import UNREGISTERED_MODEL, RouterMetrics
 from areal_router.policies import Router
-from areal_router.registry import NOT_POLLED, ModelState, Registry
+from areal_router.registry import NOT_POLLED, ModelState, ProxyState, Registry
 from areal_router.store import StateStore
 from areal_runtime import tracing
 from areal_runtime.errors import (
+    AdmissionRefused,
     InvalidRequest,
     NoHealthyReplica,
     NotFound,
@@ -40,6 +41,7 @@ _RESULTS: tuple[tuple[type[ServiceError], str], ...] = (
     (InvalidRequest, "invalid"),
     (NotFound, "not_found"),
     (Unavailable, "unavailable"),
+    (AdmissionRefused, "refused"),
 )
 
 
@@ -318,17 +320,27 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
     async def BindSession(
         self, request: router_pb2.BindSessionRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.BindSessionResponse:
+        admit = request.HasField("admission")
+        samples = list(request.admission.sample_ids) if admit else []
         try:
-            proxy = await self._first_polled(
-                request.model,
-                request.kind,
-                lambda: self.router.bind(
-                    request.session_ids,
-                    request.model,
-                    kind=request.kind,
-                    proxy_id=request.proxy_id,
-                ),
-            )
+            if admit:
+                await self._admit(request, samples)
+
+            def decide() -> ProxyState:
+                # The admission check and the reserve below are one step (no await between);
+                # after a wait for a restarted router's first polls the room is checked again.
+                if admit:
+                    refusal = self.registry.admission.try_admit(request.model, len(samples))
+                    if refusal is not None:
+                        raise refusal
+                return self.router.bind(
+                    request.session_ids, request.model, kind=request.kind, proxy_id=request.proxy_id
+                )
+
+            proxy = await self._first_polled(request.model, request.kind, decide)
+            if admit:
+                self.registry.admission.admitted(request.model, samples)
+                self.metrics.admissions.labels(request.model, "admitted").inc(len(samples))
         except ServiceError as err:
             self.metrics.binds.labels(_result(err)).inc()
             await abort(context, err)
@@ -339,10 +351,77 @@ class RouterService(router_pb2_grpc.RouterServiceServicer):
         log.debug("pinned %d sessions to %s", len(request.session_ids), proxy.proxy_id)
         return router_pb2.BindSessionResponse(proxy_id=proxy.proxy_id, address=proxy.address)
 
+    async def _admit(self, request: router_pb2.BindSessionRequest, samples: list[str]) -> None:
+        """Wait (up to the request's wait_s) until the model has room for `samples`; raise
+        the refusal otherwise. The caller reserves them before its next await."""
+        model = request.model
+        if not model:
+            raise InvalidRequest("admission needs the model", param="model")
+        stray = set(samples) - set(request.session_ids)
+        if stray:
+            raise InvalidRequest(
+                "admission.sample_ids must be among session_ids", param="admission.sample_ids"
+            )
+        adm = self.registry.admission
+        too_large = adm.impossible(model, len(samples))
+        if too_large is not None:
+            raise too_large
+        try:
+            await adm.wait_for_room(model, len(samples), request.admission.wait_s)
+        except AdmissionRefused as err:
+            adm.refused(model)
+            self.metrics.admissions.labels(model, err.code or "refused").inc(len(samples))
+            raise
+
+    async def GetAdmission(
+        self, request: router_pb2.GetAdmissionRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.GetAdmissionResponse:
+        names = (
+            [request.model]
+            if request.model
+            else sorted(
+                m.name
+                for m in self.registry.models.values()
+                if m.kind != router_pb2.MODEL_KIND_EXTERNAL
+            )
+        )
+        return router_pb2.GetAdmissionResponse(
+            models=[self.registry.admission.state(n) for n in names]
+        )
+
+    async def SetAdmission(
+        self, request: router_pb2.SetAdmissionRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.AdmissionState:
+        def do() -> None:
+            if request.model not in self.registry.models:
+                raise NotFound(f"model {request.model!r} is not registered", code="model_not_found")
+            self.registry.admission.configure(
+                request.model,
+                request.settings,
+                replace=request.replace,
+                reset_consumed=request.reset_consumed,
+            )
+            if request.HasField("version"):
+                self.registry.admission.set_version(request.model, request.version)
+
+        await self._call(context, do)
+        await self._changed()
+        return self.registry.admission.state(request.model)
+
+    async def EndAdmitted(
+        self, request: router_pb2.EndAdmittedRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.EndAdmittedResponse:
+        ended = self.registry.admission.end(request.session_ids)
+        if ended:
+            await self._changed()
+        return router_pb2.EndAdmittedResponse(ended=ended)
+
     async def ReleaseSession(
         self, request: router_pb2.ReleaseSessionRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ReleaseSessionResponse:
-        released = self.router.release(request.session_ids, with_bound=request.with_bound)
+        released = self.router.release(
+            request.session_ids, with_bound=request.with_bound, consumed=request.consumed
+        )
         if released:
             await self._changed()
         return router_pb2.ReleaseSessionResponse(released=released)

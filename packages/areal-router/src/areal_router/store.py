@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS pins (
     used_at REAL NOT NULL,
     bound_by TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS admission (model TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS admitted (
+    session_id TEXT PRIMARY KEY, model TEXT NOT NULL, ended INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -65,9 +69,18 @@ class Batch:
     models: dict[str, str | None] = field(default_factory=dict)
     proxies: dict[str, tuple[int, str] | None] = field(default_factory=dict)
     pins: dict[str, tuple[str, float, str] | None] = field(default_factory=dict)
+    # Admission control (areal_router.admission): per model, and per admitted session.
+    admission: dict[str, str | None] = field(default_factory=dict)
+    admitted: dict[str, tuple[str, int] | None] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.models) + len(self.proxies) + len(self.pins)
+        return (
+            len(self.models)
+            + len(self.proxies)
+            + len(self.pins)
+            + len(self.admission)
+            + len(self.admitted)
+        )
 
 
 def _private_dir(path: Path) -> None:
@@ -144,6 +157,21 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> None:
             )
         if deletes:
             db.executemany("DELETE FROM pins WHERE session_id = ?", deletes)
+        docs = [(k, v) for k, v in batch.admission.items() if v is not None]
+        deletes = [(k,) for k, v in batch.admission.items() if v is None]
+        if docs:
+            db.executemany("INSERT OR REPLACE INTO admission (model, doc) VALUES (?, ?)", docs)
+        if deletes:
+            db.executemany("DELETE FROM admission WHERE model = ?", deletes)
+        rows = [(k, *v) for k, v in batch.admitted.items() if v is not None]
+        deletes = [(k,) for k, v in batch.admitted.items() if v is None]
+        if rows:
+            db.executemany(
+                "INSERT OR REPLACE INTO admitted (session_id, model, ended) VALUES (?, ?, ?)",
+                rows,
+            )
+        if deletes:
+            db.executemany("DELETE FROM admitted WHERE session_id = ?", deletes)
         db.execute("COMMIT")
     except BaseException:
         if db.in_transaction:
@@ -217,6 +245,11 @@ class StateStore:
             proxies.append({**json.loads(doc), "seq": seq})
         pins = db.execute("SELECT session_id, proxy_id, used_at, bound_by FROM pins").fetchall()
         self.registry.load_rows(models, proxies, pins)
+        admission = [
+            (name, json.loads(doc)) for name, doc in db.execute("SELECT model, doc FROM admission")
+        ]
+        admitted = db.execute("SELECT session_id, model, ended FROM admitted").fetchall()
+        self.registry.admission.load(admission, admitted, self.registry.pins)
 
     def _migrate_json(self) -> None:
         """The JSON state of an older router: load it, write it as a new SQLite store next
@@ -276,9 +309,17 @@ class StateStore:
             batch.pins[sid] = (
                 (owner, reg.pin_used[sid], reg.bound_by.get(sid, "")) if owner is not None else None
             )
+        adm = reg.admission
+        for name in adm.dirty_models:
+            ledger = adm.models.get(name)
+            batch.admission[name] = json.dumps(ledger.to_json(), sort_keys=True) if ledger else None
+        for sid in adm.dirty_sessions:
+            batch.admitted[sid] = adm.session_row(sid)
         reg.dirty_models.clear()
         reg.dirty_proxies.clear()
         reg.dirty_pins.clear()
+        adm.dirty_models.clear()
+        adm.dirty_sessions.clear()
 
     async def flush(self) -> None:
         """Return once every change made before the call is committed (on disk)."""
@@ -316,6 +357,8 @@ class StateStore:
                 reg.dirty_models.update(batch.models)
                 reg.dirty_proxies.update(batch.proxies)
                 reg.dirty_pins.update(batch.pins)
+                reg.admission.dirty_models.update(batch.admission)
+                reg.admission.dirty_sessions.update(batch.admitted)
                 log.error("state: commit to %s failed: %s", self.path, exc)
                 done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
                 if not isinstance(exc, Exception):

@@ -22,6 +22,8 @@ The hierarchy (status, OpenAI `type`, default `code`; `-` = none, sent as null):
     │   ├── ModelExists           409  conflict_error         model_exists
     │   └── SessionExists         409  conflict_error         session_exists
     ├── Overloaded                429  rate_limit_error       -
+    │   └── AdmissionRefused      429  rate_limit_error       capacity_exhausted
+    │                                  (also staleness_bound)
     ├── Cancelled                 499  cancelled              client_closed
     ├── InternalError             500  api_error              internal_error
     │   └── AgentError            500  agent_error            agent_error
@@ -42,7 +44,8 @@ A class is built from a message alone (`Draining("this proxy is draining")`), wi
 code="group_not_found")`). A class with codes of its own (the leaves with a code above) takes
 only those. Rebuilding from the wire picks the class by `code` first, then by status, and keeps
 the wire's type, code and param as they were, so what a client finally sees is what the first
-service raised.
+service raised. An error may say when a retry could succeed (`retry_after_s`, whole seconds):
+it travels in the detail too, and the HTTP edge answers it as `Retry-After`.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class ServiceError(Exception):
     code: str | None = None
     # The codes this class stands for, its default first. Empty: any code (a status class).
     codes: ClassVar[tuple[str, ...]] = ()
+    # Seconds after which a retry may succeed (HTTP Retry-After); None = not said.
+    retry_after_s: int | None = None
 
     def __init__(
         self,
@@ -134,18 +139,22 @@ class ServiceError(Exception):
             code=self.code or "",
             message=self.message,
             param=self.param or "",
+            retry_after_s=self.retry_after_s or 0,
         )
 
     @staticmethod
     def from_detail(d: envelope_pb2.ErrorDetail) -> ServiceError:
         """The error an `ErrorDetail` describes, as the class that raised it."""
-        return error_for(
+        err = error_for(
             d.http_status,
             d.message,
             type=d.type or None,
             code=d.code or None,
             param=d.param or None,
         )
+        if d.retry_after_s > 0:
+            err.retry_after_s = d.retry_after_s
+        return err
 
     def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
         return ((ERROR_METADATA_KEY, self.detail().SerializeToString()),)
@@ -254,6 +263,26 @@ class Overloaded(_Typed):
 
     http_status = 429
     type = "rate_limit_error"
+
+
+class AdmissionRefused(Overloaded):
+    """A model's admission bound refused a new session (docs/services.md, "Admission"):
+    `capacity_exhausted` (max_concurrent_rollouts) or `staleness_bound` (max_staleness x
+    batch_size at the current weight version). Carries `retry_after_s`."""
+
+    code = "capacity_exhausted"
+    codes = ("capacity_exhausted", "staleness_bound")
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        super().__init__(message, code=code, param=param)
+        self.retry_after_s = max(1, int(retry_after_s))
 
 
 class Cancelled(_Typed):
@@ -373,6 +402,7 @@ ERROR_CLASSES: tuple[type[_Typed], ...] = (
     ModelExists,
     SessionExists,
     Overloaded,
+    AdmissionRefused,
     Cancelled,
     InternalError,
     AgentError,

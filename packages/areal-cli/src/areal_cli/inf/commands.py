@@ -49,6 +49,23 @@ ProxyArgs = Annotated[
 ModelHealthTimeout = Annotated[
     float | None, typer.Option(help="Seconds each engine gets to be healthy [default: 600].")
 ]
+# Admission control (docs/services.md, "Admission"): unset = no bound.
+MaxStaleness = Annotated[
+    int | None,
+    typer.Option(
+        help="Admission: η, how many weight versions a sample may lag (with --batch-size): "
+        "a start is admitted while running + ended + consumed + n <= "
+        "(η + version + 1) x batch_size [default: no bound]."
+    ),
+]
+BatchSize = Annotated[
+    int | None,
+    typer.Option(help="Admission: samples the trainer consumes per weight version."),
+]
+MaxConcurrentRollouts = Annotated[
+    int | None,
+    typer.Option(help="Admission: at most this many sessions running [default: no bound]."),
+]
 
 
 @app.command(no_args_is_help=False)
@@ -103,6 +120,9 @@ def run(
     engine_args: EngineArgs = None,
     proxy_args: ProxyArgs = None,
     model_health_timeout: ModelHealthTimeout = None,
+    max_staleness: MaxStaleness = None,
+    batch_size: BatchSize = None,
+    max_concurrent_rollouts: MaxConcurrentRollouts = None,
     supervise: Supervise = None,
 ) -> None:
     """Start an inference service: router, gateway and, with --model, a model's replicas."""
@@ -130,6 +150,9 @@ def run(
             engine_args=engine_args,
             proxy_args=proxy_args,
             health_timeout=model_health_timeout,
+            max_staleness=max_staleness,
+            batch_size=batch_size,
+            max_concurrent_rollouts=max_concurrent_rollouts,
         ),
     )
     raise typer.Exit(launch.run(sc.load_config(GROUP, ctx), opts))
@@ -146,6 +169,9 @@ def register(
     engine_args: EngineArgs = None,
     proxy_args: ProxyArgs = None,
     model_health_timeout: ModelHealthTimeout = None,
+    max_staleness: MaxStaleness = None,
+    batch_size: BatchSize = None,
+    max_concurrent_rollouts: MaxConcurrentRollouts = None,
 ) -> None:
     """Launch engine replica(s) and data proxies for a model and register them with the gateway."""
     from areal_cli.inf import launch
@@ -158,6 +184,9 @@ def register(
         engine_args=engine_args,
         proxy_args=proxy_args,
         health_timeout=model_health_timeout,
+        max_staleness=max_staleness,
+        batch_size=batch_size,
+        max_concurrent_rollouts=max_concurrent_rollouts,
     )
     from areal_cli.inf import registration
 

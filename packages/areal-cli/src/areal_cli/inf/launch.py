@@ -13,12 +13,12 @@ import secrets
 import shlex
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal_cli import admission, engines, loopback, supervisor
 from areal_cli import backend as bk
-from areal_cli import engines, loopback, supervisor
 from areal_cli import state as st
 from areal_cli.config import Config
 from areal_cli.errors import CLIError
@@ -62,6 +62,10 @@ class ModelOptions:
     engine_args: str | None = None
     proxy_args: str | None = None
     health_timeout: float | None = None
+    # Admission bounds (areal_cli.admission): None = not given.
+    max_staleness: int | None = None
+    batch_size: int | None = None
+    max_concurrent_rollouts: int | None = None
 
     def given(self) -> list[str]:
         flags = {
@@ -71,6 +75,9 @@ class ModelOptions:
             "engine_args": "--engine-args",
             "proxy_args": "--proxy-args",
             "health_timeout": "--model-health-timeout",
+            "max_staleness": "--max-staleness",
+            "batch_size": "--batch-size",
+            "max_concurrent_rollouts": "--max-concurrent-rollouts",
         }
         return [f for k, f in flags.items() if getattr(self, k) is not None]
 
@@ -86,6 +93,8 @@ class ModelSpec:
     health_timeout: float
     python: str
     default_args: str
+    # Admission bounds to set once registered ({}: none, every start admitted).
+    admission: dict[str, int] = field(default_factory=dict)
 
 
 def resolve_model(cfg: Config, opts: ModelOptions, name_flag: str) -> ModelSpec:
@@ -125,8 +134,25 @@ def resolve_model(cfg: Config, opts: ModelOptions, name_flag: str) -> ModelSpec:
     table = f"engine.{backend.engine}"
     python = engines.resolve_python(backend.engine, cfg.get(table, "python"))
     default_args = cfg.get(table, "default_args")
+    bounds = admission.resolve(
+        cfg,
+        {
+            "max_staleness": opts.max_staleness,
+            "batch_size": opts.batch_size,
+            "max_concurrent_rollouts": opts.max_concurrent_rollouts,
+        },
+    )
     return ModelSpec(
-        name, backend, model_path, tokenizer, engine_args, proxy_args, timeout, python, default_args
+        name,
+        backend,
+        model_path,
+        tokenizer,
+        engine_args,
+        proxy_args,
+        timeout,
+        python,
+        default_args,
+        bounds,
     )
 
 
@@ -295,7 +321,10 @@ def _http_check(url: str):
     return lambda: supervisor.http_ok(url, timeout=1.0)
 
 
-def register_with_gateway(gateway_url: str, key: str, record: dict[str, Any]) -> None:
+def register_with_gateway(
+    gateway_url: str, key: str, record: dict[str, Any], bounds: dict[str, int] | None = None
+) -> None:
+    """Register the model's proxies, then set its admission bounds (if any)."""
     body = {
         "name": record["name"],
         "kind": "internal",
@@ -309,6 +338,7 @@ def register_with_gateway(gateway_url: str, key: str, record: dict[str, Any]) ->
             f"gateway refused to register model '{record['name']}': HTTP {status}: "
             f"{error_message(payload)}"
         )
+    admission.apply(gateway_url, key, record["name"], bounds or {})
     record["phase"] = "running"
 
 
@@ -457,7 +487,7 @@ def run(cfg: Config, o: RunOptions) -> int:
         )
         if spec is not None:
             record = start_model(launcher, spec, proxy_bin, opts)
-            register_with_gateway(launcher.state["gateway"]["url"], key, record)
+            register_with_gateway(launcher.state["gateway"]["url"], key, record, spec.admission)
             progress(f"model '{spec.name}' registered ({launcher.elapsed():.1f}s)")
 
     return run_service(

@@ -62,7 +62,7 @@ def register(cfg: Config, service: str | None, opts: ModelOptions) -> int:
         try:
             with stop_signals():
                 record = start_model(launcher, spec, proxy_bin, lopts)
-                register_with_gateway(url, key, record)
+                register_with_gateway(url, key, record, spec.admission)
                 launcher.save()
         except BaseException as e:
             fail_launch(launcher, e, "register", lambda: _forget_model(launcher, spec.name))

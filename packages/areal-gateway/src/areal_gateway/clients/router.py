@@ -218,21 +218,70 @@ class RouterClient:
         return True
 
     async def bind_sessions(
-        self, session_ids: Sequence[str], model: str, *, kind: int = router_pb2.PROXY_KIND_INFERENCE
+        self,
+        session_ids: Sequence[str],
+        model: str,
+        *,
+        kind: int = router_pb2.PROXY_KIND_INFERENCE,
+        admit: Sequence[str] | None = None,
+        wait_s: float = 0.0,
     ) -> router_pb2.BindSessionResponse:
+        """Pin sessions together. With `admit` (the samples among them), the model's
+        admission bounds decide first, waiting up to `wait_s` for room (AdmissionRefused:
+        429 with retry_after_s)."""
         req = router_pb2.BindSessionRequest(session_ids=list(session_ids), model=model, kind=kind)  # type: ignore[arg-type]
+        timeout = ROUTER_TIMEOUT
+        if admit is not None:
+            req.admission.sample_ids.extend(admit)
+            req.admission.wait_s = wait_s
+            # The router answers once it admits or refuses: wait_s at most, then a commit.
+            timeout += wait_s
         # Patient: binding the same ids again after a lost answer pins them again, and
         # nothing has used those sessions yet.
-        return await self._call(self._stub.BindSession, req, patient=True)
+        return await self._call(self._stub.BindSession, req, timeout, patient=True)
 
     async def release_sessions(
-        self, session_ids: Sequence[str], *, with_bound: bool = False
+        self, session_ids: Sequence[str], *, with_bound: bool = False, consumed: bool = False
     ) -> int:
         """Release pins; `with_bound` also releases the sessions bound with a listed group pin
-        (ReleaseSessionRequest.with_bound)."""
-        req = router_pb2.ReleaseSessionRequest(session_ids=list(session_ids), with_bound=with_bound)
+        (ReleaseSessionRequest.with_bound); `consumed`: the admitted sessions among them were
+        exported and acknowledged (else they are dropped)."""
+        req = router_pb2.ReleaseSessionRequest(
+            session_ids=list(session_ids), with_bound=with_bound, consumed=consumed
+        )
         resp = await self._call(self._stub.ReleaseSession, req, patient=True)
         return int(resp.released)
+
+    async def end_admitted(self, session_ids: Sequence[str]) -> int:
+        """Ended sessions leave the concurrency bound (they keep their staleness place)."""
+        req = router_pb2.EndAdmittedRequest(session_ids=list(session_ids))
+        resp = await self._call(self._stub.EndAdmitted, req)
+        return int(resp.ended)
+
+    async def get_admission(self, model: str = "") -> list[router_pb2.AdmissionState]:
+        resp = await self._call(
+            self._stub.GetAdmission, router_pb2.GetAdmissionRequest(model=model)
+        )
+        return list(resp.models)
+
+    async def set_admission(
+        self,
+        model: str,
+        settings: router_pb2.AdmissionSettings | None = None,
+        *,
+        replace: bool = False,
+        reset_consumed: bool = False,
+        version: int | None = None,
+    ) -> router_pb2.AdmissionState:
+        req = router_pb2.SetAdmissionRequest(
+            model=model,
+            settings=settings or router_pb2.AdmissionSettings(),
+            replace=replace,
+            reset_consumed=reset_consumed,
+        )
+        if version is not None:
+            req.version = version
+        return await self._call(self._stub.SetAdmission, req)
 
     async def close(self, grace: float | None = None) -> None:
         await self._channel.close(grace)

@@ -89,8 +89,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_service_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServiceError)
         # The rest of an oversized body is never read: the connection cannot be reused.
-        headers = {"connection": "close"} if isinstance(exc, PayloadTooLarge) else None
-        return error_response(exc, headers)
+        headers = {"connection": "close"} if isinstance(exc, PayloadTooLarge) else {}
+        if exc.retry_after_s:
+            # A 429 of admission control (or any error that says when to come back).
+            headers["retry-after"] = str(int(exc.retry_after_s))
+        return error_response(exc, headers or None)
 
     async def on_http_exception(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -187,11 +187,14 @@ class ErrorDetail(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     PARAM_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
     http_status: _builtins.int
     type: _builtins.str
     code: _builtins.str
     message: _builtins.str
     param: _builtins.str
+    retry_after_s: _builtins.int
+    """Seconds after which a retry may succeed (a 429's Retry-After); 0 = not said."""
     def __init__(
         self,
         *,
@@ -200,10 +203,11 @@ class ErrorDetail(_message.Message):
         code: _builtins.str = ...,
         message: _builtins.str = ...,
         param: _builtins.str = ...,
+        retry_after_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "http_status", b"http_status", "message", b"message", "param", b"param", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "http_status", b"http_status", "message", b"message", "param", b"param", "retry_after_s", b"retry_after_s", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -534,12 +534,21 @@ class BindSessionRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     PROXY_ID_FIELD_NUMBER: _builtins.int
+    ADMISSION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     kind: Global___ProxyKind.ValueType
     proxy_id: _builtins.str
     """Pin to this proxy instead of choosing one ("" = choose)."""
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def admission(self) -> Global___BindAdmission:
+        """Admission control: unset = none (agent-mode pins, internal moves). Set: the router
+        admits `sample_ids` (each a session of `session_ids`, n = their number) under the
+        model's bounds before it pins anything, waiting up to `wait_s` for room; refused:
+        RESOURCE_EXHAUSTED (429, code capacity_exhausted or staleness_bound, retry_after_s).
+        """
+
     def __init__(
         self,
         *,
@@ -547,14 +556,39 @@ class BindSessionRequest(_message.Message):
         model: _builtins.str = ...,
         kind: Global___ProxyKind.ValueType = ...,
         proxy_id: _builtins.str = ...,
+        admission: Global___BindAdmission | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "model", b"model", "proxy_id", b"proxy_id", "session_ids", b"session_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "kind", b"kind", "model", b"model", "proxy_id", b"proxy_id", "session_ids", b"session_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BindSessionRequest: _TypeAlias = BindSessionRequest  # noqa: Y015
+
+@_typing.final
+class BindAdmission(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLE_IDS_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    wait_s: _builtins.float
+    """0 = answer at once."""
+    @_builtins.property
+    def sample_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        sample_ids: _abc.Iterable[_builtins.str] | None = ...,
+        wait_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sample_ids", b"sample_ids", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindAdmission: _TypeAlias = BindAdmission  # noqa: Y015
 
 @_typing.final
 class BindSessionResponse(_message.Message):
@@ -583,7 +617,12 @@ class ReleaseSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_IDS_FIELD_NUMBER: _builtins.int
+    CONSUMED_FIELD_NUMBER: _builtins.int
     WITH_BOUND_FIELD_NUMBER: _builtins.int
+    consumed: _builtins.bool
+    """Admitted sessions among those released were exported and acknowledged: they count as
+    consumed. Otherwise an admitted session released is dropped (it frees its place).
+    """
     with_bound: _builtins.bool
     """Also release the sessions pinned by each BindSession call whose first session id is
     listed, as long as that call's pin of them stands (a session bound again since keeps
@@ -596,11 +635,12 @@ class ReleaseSessionRequest(_message.Message):
         self,
         *,
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        consumed: _builtins.bool = ...,
         with_bound: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids", "with_bound", b"with_bound"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "session_ids", b"session_ids", "with_bound", b"with_bound"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -701,3 +741,220 @@ class ListModelsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+
+@_typing.final
+class AdmissionSettings(_message.Message):
+    """A model's admission bounds; an unset field is no bound."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_STALENESS_FIELD_NUMBER: _builtins.int
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_ROLLOUTS_FIELD_NUMBER: _builtins.int
+    max_staleness: _builtins.int
+    """η: how many weight versions a sample may lag behind the trainer."""
+    batch_size: _builtins.int
+    """Samples the trainer consumes per weight version."""
+    max_concurrent_rollouts: _builtins.int
+    def __init__(
+        self,
+        *,
+        max_staleness: _builtins.int | None = ...,
+        batch_size: _builtins.int | None = ...,
+        max_concurrent_rollouts: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_batch_size", b"_batch_size", "_max_concurrent_rollouts", b"_max_concurrent_rollouts", "_max_staleness", b"_max_staleness", "batch_size", b"batch_size", "max_concurrent_rollouts", b"max_concurrent_rollouts", "max_staleness", b"max_staleness"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_batch_size", b"_batch_size", "_max_concurrent_rollouts", b"_max_concurrent_rollouts", "_max_staleness", b"_max_staleness", "batch_size", b"batch_size", "max_concurrent_rollouts", b"max_concurrent_rollouts", "max_staleness", b"max_staleness"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__batch_size: _TypeAlias = _typing.Literal["batch_size"]  # noqa: Y015
+    _WhichOneofArgType__batch_size: _TypeAlias = _typing.Literal["_batch_size", b"_batch_size"]  # noqa: Y015
+    _WhichOneofReturnType__max_concurrent_rollouts: _TypeAlias = _typing.Literal["max_concurrent_rollouts"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrent_rollouts: _TypeAlias = _typing.Literal["_max_concurrent_rollouts", b"_max_concurrent_rollouts"]  # noqa: Y015
+    _WhichOneofReturnType__max_staleness: _TypeAlias = _typing.Literal["max_staleness"]  # noqa: Y015
+    _WhichOneofArgType__max_staleness: _TypeAlias = _typing.Literal["_max_staleness", b"_max_staleness"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__batch_size) -> _WhichOneofReturnType__batch_size | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent_rollouts) -> _WhichOneofReturnType__max_concurrent_rollouts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_staleness) -> _WhichOneofReturnType__max_staleness | None: ...
+
+Global___AdmissionSettings: _TypeAlias = AdmissionSettings  # noqa: Y015
+
+@_typing.final
+class AdmissionState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    CONSUMED_FIELD_NUMBER: _builtins.int
+    CAPACITY_LEFT_FIELD_NUMBER: _builtins.int
+    LIMITED_BY_FIELD_NUMBER: _builtins.int
+    ADMITTED_TOTAL_FIELD_NUMBER: _builtins.int
+    REFUSED_TOTAL_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    version: _builtins.int
+    """The model's weight version the rule uses: the one the gateway last set on all its
+    proxies, raised by any higher version a proxy reports.
+    """
+    running: _builtins.int
+    """Admitted sessions not yet ended, exported-and-acknowledged, or dropped."""
+    ended: _builtins.int
+    """Ended sessions not yet exported-and-acknowledged (or dropped)."""
+    consumed: _builtins.int
+    """Sessions exported and acknowledged since the model's admission started."""
+    capacity_left: _builtins.int
+    """Sessions one more start may still add now; -1 = no bound."""
+    limited_by: _builtins.str
+    """Which bound capacity_left comes from: "capacity", "staleness" or "" (none)."""
+    admitted_total: _builtins.int
+    refused_total: _builtins.int
+    waiting: _builtins.int
+    """Starts waiting for room now (BindAdmission.wait_s)."""
+    @_builtins.property
+    def settings(self) -> Global___AdmissionSettings: ...
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        settings: Global___AdmissionSettings | None = ...,
+        version: _builtins.int = ...,
+        running: _builtins.int = ...,
+        ended: _builtins.int = ...,
+        consumed: _builtins.int = ...,
+        capacity_left: _builtins.int = ...,
+        limited_by: _builtins.str = ...,
+        admitted_total: _builtins.int = ...,
+        refused_total: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "capacity_left", b"capacity_left", "consumed", b"consumed", "ended", b"ended", "limited_by", b"limited_by", "model", b"model", "refused_total", b"refused_total", "running", b"running", "settings", b"settings", "version", b"version", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmissionState: _TypeAlias = AdmissionState  # noqa: Y015
+
+@_typing.final
+class GetAdmissionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAdmissionRequest: _TypeAlias = GetAdmissionRequest  # noqa: Y015
+
+@_typing.final
+class GetAdmissionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdmissionState]: ...
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___AdmissionState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAdmissionResponse: _TypeAlias = GetAdmissionResponse  # noqa: Y015
+
+@_typing.final
+class SetAdmissionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    REPLACE_FIELD_NUMBER: _builtins.int
+    RESET_CONSUMED_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    replace: _builtins.bool
+    """Replace every bound (unset ones removed); false: set only the fields present."""
+    reset_consumed: _builtins.bool
+    """Also forget `consumed` (a new training run on the same service)."""
+    version: _builtins.int
+    """The weight version the gateway just set on every proxy of the model (set_version,
+    update_weights): the rule uses it at once (lower too), not after the next health polls.
+    Health polls only raise it (to the highest version a proxy reports).
+    """
+    @_builtins.property
+    def settings(self) -> Global___AdmissionSettings: ...
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        settings: Global___AdmissionSettings | None = ...,
+        replace: _builtins.bool = ...,
+        reset_consumed: _builtins.bool = ...,
+        version: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "settings", b"settings", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "model", b"model", "replace", b"replace", "reset_consumed", b"reset_consumed", "settings", b"settings", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
+
+Global___SetAdmissionRequest: _TypeAlias = SetAdmissionRequest  # noqa: Y015
+
+@_typing.final
+class EndAdmittedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndAdmittedRequest: _TypeAlias = EndAdmittedRequest  # noqa: Y015
+
+@_typing.final
+class EndAdmittedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDED_FIELD_NUMBER: _builtins.int
+    ended: _builtins.int
+    def __init__(
+        self,
+        *,
+        ended: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndAdmittedResponse: _TypeAlias = EndAdmittedResponse  # noqa: Y015

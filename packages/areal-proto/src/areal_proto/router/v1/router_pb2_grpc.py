@@ -84,6 +84,21 @@ class RouterServiceStub:
                 request_serializer=areal_dot_router_dot_v1_dot_router__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.GetAdmission = channel.unary_unary(
+                '/areal.router.v1.RouterService/GetAdmission',
+                request_serializer=areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionRequest.SerializeToString,
+                response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionResponse.FromString,
+                _registered_method=True)
+        self.SetAdmission = channel.unary_unary(
+                '/areal.router.v1.RouterService/SetAdmission',
+                request_serializer=areal_dot_router_dot_v1_dot_router__pb2.SetAdmissionRequest.SerializeToString,
+                response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.AdmissionState.FromString,
+                _registered_method=True)
+        self.EndAdmitted = channel.unary_unary(
+                '/areal.router.v1.RouterService/EndAdmitted',
+                request_serializer=areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedRequest.SerializeToString,
+                response_deserializer=areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -150,6 +165,28 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAdmission(self, request, context):
+        """Admission control per model (docs/services.md, "Admission"): its settings, and what it
+        counts. BindSession with `admission` checks and reserves in the same step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetAdmission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndAdmitted(self, request, context):
+        """Sessions that ended (end_session): they leave `running` for `ended` (their samples
+        still count against the staleness bound until exported and acknowledged, or dropped).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +239,21 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.ListModelsRequest.FromString,
                     response_serializer=areal_dot_router_dot_v1_dot_router__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'GetAdmission': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAdmission,
+                    request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionRequest.FromString,
+                    response_serializer=areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionResponse.SerializeToString,
+            ),
+            'SetAdmission': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetAdmission,
+                    request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.SetAdmissionRequest.FromString,
+                    response_serializer=areal_dot_router_dot_v1_dot_router__pb2.AdmissionState.SerializeToString,
+            ),
+            'EndAdmitted': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndAdmitted,
+                    request_deserializer=areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedRequest.FromString,
+                    response_serializer=areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -474,6 +526,87 @@ class RouterService:
             '/areal.router.v1.RouterService/ListModels',
             areal_dot_router_dot_v1_dot_router__pb2.ListModelsRequest.SerializeToString,
             areal_dot_router_dot_v1_dot_router__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAdmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.router.v1.RouterService/GetAdmission',
+            areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionRequest.SerializeToString,
+            areal_dot_router_dot_v1_dot_router__pb2.GetAdmissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetAdmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.router.v1.RouterService/SetAdmission',
+            areal_dot_router_dot_v1_dot_router__pb2.SetAdmissionRequest.SerializeToString,
+            areal_dot_router_dot_v1_dot_router__pb2.AdmissionState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndAdmitted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/areal.router.v1.RouterService/EndAdmitted',
+            areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedRequest.SerializeToString,
+            areal_dot_router_dot_v1_dot_router__pb2.EndAdmittedResponse.FromString,
             options,
             channel_credentials,
             insecure,

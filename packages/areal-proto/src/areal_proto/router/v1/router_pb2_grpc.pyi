@@ -44,6 +44,15 @@ class RouterServiceStub:
     ReleaseSession: _grpc.UnaryUnaryMultiCallable[_router_pb2.ReleaseSessionRequest, _router_pb2.ReleaseSessionResponse]
     ListProxies: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListProxiesRequest, _router_pb2.ListProxiesResponse]
     ListModels: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListModelsRequest, _router_pb2.ListModelsResponse]
+    GetAdmission: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetAdmissionRequest, _router_pb2.GetAdmissionResponse]
+    """Admission control per model (docs/services.md, "Admission"): its settings, and what it
+    counts. BindSession with `admission` checks and reserves in the same step.
+    """
+    SetAdmission: _grpc.UnaryUnaryMultiCallable[_router_pb2.SetAdmissionRequest, _router_pb2.AdmissionState]
+    EndAdmitted: _grpc.UnaryUnaryMultiCallable[_router_pb2.EndAdmittedRequest, _router_pb2.EndAdmittedResponse]
+    """Sessions that ended (end_session): they leave `running` for `ended` (their samples
+    still count against the staleness bound until exported and acknowledged, or dropped).
+    """
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -59,6 +68,15 @@ class RouterServiceAsyncStub(RouterServiceStub):
     ReleaseSession: _aio.UnaryUnaryMultiCallable[_router_pb2.ReleaseSessionRequest, _router_pb2.ReleaseSessionResponse]  # type: ignore[assignment]
     ListProxies: _aio.UnaryUnaryMultiCallable[_router_pb2.ListProxiesRequest, _router_pb2.ListProxiesResponse]  # type: ignore[assignment]
     ListModels: _aio.UnaryUnaryMultiCallable[_router_pb2.ListModelsRequest, _router_pb2.ListModelsResponse]  # type: ignore[assignment]
+    GetAdmission: _aio.UnaryUnaryMultiCallable[_router_pb2.GetAdmissionRequest, _router_pb2.GetAdmissionResponse]  # type: ignore[assignment]
+    """Admission control per model (docs/services.md, "Admission"): its settings, and what it
+    counts. BindSession with `admission` checks and reserves in the same step.
+    """
+    SetAdmission: _aio.UnaryUnaryMultiCallable[_router_pb2.SetAdmissionRequest, _router_pb2.AdmissionState]  # type: ignore[assignment]
+    EndAdmitted: _aio.UnaryUnaryMultiCallable[_router_pb2.EndAdmittedRequest, _router_pb2.EndAdmittedResponse]  # type: ignore[assignment]
+    """Sessions that ended (end_session): they leave `running` for `ended` (their samples
+    still count against the staleness bound until exported and acknowledged, or dropped).
+    """
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -131,5 +149,32 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _router_pb2.ListModelsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.ListModelsResponse, _abc.Awaitable[_router_pb2.ListModelsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAdmission(
+        self,
+        request: _router_pb2.GetAdmissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.GetAdmissionResponse, _abc.Awaitable[_router_pb2.GetAdmissionResponse]]:
+        """Admission control per model (docs/services.md, "Admission"): its settings, and what it
+        counts. BindSession with `admission` checks and reserves in the same step.
+        """
+
+    @_abc_1.abstractmethod
+    def SetAdmission(
+        self,
+        request: _router_pb2.SetAdmissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.AdmissionState, _abc.Awaitable[_router_pb2.AdmissionState]]: ...
+
+    @_abc_1.abstractmethod
+    def EndAdmitted(
+        self,
+        request: _router_pb2.EndAdmittedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.EndAdmittedResponse, _abc.Awaitable[_router_pb2.EndAdmittedResponse]]:
+        """Sessions that ended (end_session): they leave `running` for `ended` (their samples
+        still count against the staleness bound until exported and acknowledged, or dropped).
+        """
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
