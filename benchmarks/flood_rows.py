@@ -13,7 +13,9 @@ chats of 4 tokens with the session key, one at a time) and `GET /health` every 0
   256 KiB) up to 7 MB or until refused; then `--senders` threads send the 7 MB body for
   `--flood-s` seconds;
 * Messages 7 MB: `--senders` threads send a `/v1/messages` body of 280 k empty text blocks;
-* Responses 7 MB: `--senders` threads send a `/v1/responses` body of 240 k small input items.
+* Responses 7 MB: `--senders` threads send a `/v1/responses` body of 240 k small input items;
+* 7 MB of prose on chat and on Responses (admin key): a big body of ordinary shape, for
+  comparison (the prompt cannot fit the model's context: each is a 400 once read).
 
 Per row: the big bodies sent and their statuses, the others' chats (n, errors, p50 / p99 /
 max ms) and `/health` (p50 / max ms) during the row.
@@ -222,6 +224,24 @@ def responses_flood(url: str, senders: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def prose_flood(url: str, path: str, senders: int, seconds: float) -> dict[str, Any]:
+    """7 MB of prose (one message) on `path`: what a big body of ordinary shape costs."""
+    text = ("lorem ipsum dolor sit amet " * 260_000)[:7_000_000]
+    if path == "/v1/responses":
+        doc: dict[str, Any] = {"model": MODEL, "input": text, "max_output_tokens": 4}
+    else:
+        doc = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    big = orjson.dumps(doc)
+    with Others(url) as others:
+        statuses = _flood(url, path, big, {"Authorization": f"Bearer {KEY}"}, senders, seconds)
+    return {
+        "scenario": f"{path} 7 MB of prose (admin key)",
+        "big_kb": len(big) // 1000,
+        "big_statuses": dict(statuses),
+        **others.row(),
+    }
+
+
 def quiet(url: str, seconds: float) -> dict[str, Any]:
     with Others(url) as others:
         time.sleep(seconds)
@@ -235,6 +255,8 @@ def run_floods(url: str, senders: int = 4, seconds: float = 15.0) -> list[dict[s
         lambda: growth_then_flood(url, senders, seconds),
         lambda: messages_flood(url, senders, seconds),
         lambda: responses_flood(url, senders, seconds),
+        lambda: prose_flood(url, "/v1/chat/completions", senders, seconds),
+        lambda: prose_flood(url, "/v1/responses", senders, seconds),
     ):
         rows.append(fn())
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
