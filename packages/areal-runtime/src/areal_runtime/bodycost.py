@@ -16,9 +16,10 @@ prompt screen) decide with `cost_ns`:
 
 The estimate counts the bytes that open a container (`{`, `[`) and separate values (`,`).
 Inside strings they are counted too, which only errs towards the screen (prose has a comma per
-~60 characters; 410 kB of an agent's conversation estimates at ~0.6 ms). Counting is a C loop
-over the bytes (~1 ns a byte for the three counts), so it is done only where a body may stay on
-the loop: one already too big to is screened without it.
+~60 characters; 410 kB of an agent's conversation estimates at ~0.5 ms). Counting is one C
+pass over the bytes (~0.35 ns a byte: 0.15 ms for that 410 kB body, about what its parse
+takes), so it is done only where a body may stay on the loop: one already too big to is
+screened without it.
 """
 
 from __future__ import annotations
@@ -42,10 +43,22 @@ MAX_STRUCTURE_NS = 30_000_000
 COUNT_FROM = 16 * 1024
 
 
+# Every byte but those counted: `bytes.translate` deletes them in one C pass (~0.35 ns a
+# byte), leaving only `{`, `[` and `,`; three `bytes.count` passes take twice as long.
+_NOT_COUNTED = bytes(b for b in range(256) if b not in b"{[,")
+
+
+def counts(body: bytes) -> tuple[int, int]:
+    """(containers, values): the `{` and `[`, and the `,` of `body`."""
+    left = body.translate(None, _NOT_COUNTED)
+    values = left.count(b",")
+    return len(left) - values, values
+
+
 def structure_ns(body: bytes) -> int:
     """The part of the estimate that the body's shape costs (containers and values)."""
-    containers = body.count(b"{") + body.count(b"[")
-    return containers * NS_PER_CONTAINER + body.count(b",") * NS_PER_VALUE
+    containers, values = counts(body)
+    return containers * NS_PER_CONTAINER + values * NS_PER_VALUE
 
 
 def cost_ns(body: bytes) -> int:
@@ -68,8 +81,7 @@ def too_complex(body: bytes, limit_ns: int = MAX_STRUCTURE_NS) -> PayloadTooLarg
     body: run it in a screen, or where the body will be parsed on the loop anyway.)"""
     if len(body) <= COUNT_FROM:
         return None
-    containers = body.count(b"{") + body.count(b"[")
-    values = body.count(b",")
+    containers, values = counts(body)
     if containers * NS_PER_CONTAINER + values * NS_PER_VALUE <= limit_ns:
         return None
     return PayloadTooLarge(
