@@ -1,6 +1,7 @@
 """Floods of bodies that are costly to parse, beside ordinary chats: do others stall?
 
-    uv run python benchmarks/flood_rows.py [--flood-s 15] [--senders 4] [--json out.json]
+    uv run python benchmarks/flood_rows.py [--flood-s 15] [--senders 4] [--rows quiet,growth,...]
+        [--json out.json]
 
 Against a running inference service (`fault_table.py` calls `run_floods` on its own; run alone,
 this starts `areal inf run --backend sglang:d1` with the CPU SGLang engine, like fault_table).
@@ -11,7 +12,8 @@ chats of 4 tokens with the session key, one at a time) and `GET /health` every 0
 * gradual growth then flood: one session key sends a chat whose `metadata` holds a list of
   empty objects, grown by 250 KiB a turn (each turn within the long-session allowance of
   256 KiB) up to 7 MB or until refused; then `--senders` threads send the 7 MB body for
-  `--flood-s` seconds;
+  `--flood-s` seconds; and again, flooding instead the largest body answered during the
+  growth (what such a session may still send);
 * Messages 7 MB: `--senders` threads send a `/v1/messages` body of 280 k empty text blocks;
 * Responses 7 MB: `--senders` threads send a `/v1/responses` body of 240 k small input items;
 * 7 MB of prose on chat and on Responses (admin key): a big body of ordinary shape, for
@@ -167,7 +169,11 @@ def _growth_body(n: int) -> bytes:
     return orjson.dumps(doc)
 
 
-def growth_then_flood(url: str, senders: int, seconds: float) -> dict[str, Any]:
+def growth_then_flood(
+    url: str, senders: int, seconds: float, largest: bool = False
+) -> dict[str, Any]:
+    """The growth, then the flood of a 7 MB body of it; with `largest`, of the largest body
+    the service answered during the growth instead (what such a session may still send)."""
     with httpx.Client(base_url=url, timeout=120) as c:
         key = _session_key(c)
         auth = {"Authorization": f"Bearer {key}"}
@@ -182,11 +188,16 @@ def growth_then_flood(url: str, senders: int, seconds: float) -> dict[str, Any]:
                 break
             grown = len(body)
             n += GROW_STEP // 3  # `{},` is 3 bytes
-    big = _growth_body((GROW_MAX - 200) // 3)
+    if largest:  # what is left: the largest body the service still answered, flooded
+        big = _growth_body(max(0, n - GROW_STEP // 3))
+        scenario = f"growth: flood of the largest body answered ({len(big) // 1024} KiB)"
+    else:
+        big = _growth_body((GROW_MAX - 200) // 3)
+        scenario = "gradual growth then flood (chat, session key)"
     with Others(url) as others:
         statuses = _flood(url, "/v1/chat/completions", big, auth, senders, seconds)
     return {
-        "scenario": "gradual growth then flood (chat, session key)",
+        "scenario": scenario,
         "grown_to_kib": grown // 1024,
         "refused_at": refused_at,
         "big_kb": len(big) // 1000,
@@ -248,16 +259,23 @@ def quiet(url: str, seconds: float) -> dict[str, Any]:
     return {"scenario": "quiet (ordinary traffic alone)", **others.row()}
 
 
-def run_floods(url: str, senders: int = 4, seconds: float = 15.0) -> list[dict[str, Any]]:
+def run_floods(
+    url: str, senders: int = 4, seconds: float = 15.0, only: str = ""
+) -> list[dict[str, Any]]:
+    """The rows (`only`: a comma-separated subset of their names), each a dict."""
+    plan = {
+        "quiet": lambda: quiet(url, seconds),
+        "growth": lambda: growth_then_flood(url, senders, seconds),
+        "largest": lambda: growth_then_flood(url, senders, seconds, largest=True),
+        "messages": lambda: messages_flood(url, senders, seconds),
+        "responses": lambda: responses_flood(url, senders, seconds),
+        "chat-prose": lambda: prose_flood(url, "/v1/chat/completions", senders, seconds),
+        "responses-prose": lambda: prose_flood(url, "/v1/responses", senders, seconds),
+    }
     rows = []
-    for fn in (
-        lambda: quiet(url, seconds),
-        lambda: growth_then_flood(url, senders, seconds),
-        lambda: messages_flood(url, senders, seconds),
-        lambda: responses_flood(url, senders, seconds),
-        lambda: prose_flood(url, "/v1/chat/completions", senders, seconds),
-        lambda: prose_flood(url, "/v1/responses", senders, seconds),
-    ):
+    for name, fn in plan.items():
+        if only and name not in only.split(","):
+            continue
         rows.append(fn())
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
     return rows
@@ -293,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--flood-s", type=float, default=15.0)
     p.add_argument("--senders", type=int, default=4)
+    p.add_argument("--rows", default="", help="only these rows: quiet,growth,largest,...")
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
     a = Areal(Path(tempfile.mkdtemp(prefix="areal-floods-")))
@@ -304,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print(r.stderr, file=sys.stderr)
         return 1
     try:
-        rows = run_floods(a.state("inf")["gateway"]["url"], a_.senders, a_.flood_s)
+        rows = run_floods(a.state("inf")["gateway"]["url"], a_.senders, a_.flood_s, a_.rows)
     finally:
         a("inf", "stop", "--force")
     print_rows(rows)
