@@ -38,8 +38,12 @@ stopped. It has no restarts (n/a).
 After all rows `stop` runs and every recorded process group (and any process with this
 AREAL_HOME in its environment) must be gone: the orphan column.
 
+Then the flood rows (flood_rows.py, unless `--skip-floods`): bodies costly to parse (a session's
+gradually grown field flooded at 7 MB, 7 MB Messages and Responses bodies) beside ordinary
+chats, with the others' latency and `/health`'s during each.
+
     uv run python benchmarks/fault_table.py [--replicas 2] [--requests 240] [--json out.json]
-        [--skip-agent] [--only-migration] [--only-router]
+        [--skip-agent] [--only-migration] [--only-router] [--skip-floods] [--flood-s 15]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import flood_rows
 import httpx
 
 from areal_cli import supervisor
@@ -505,6 +510,10 @@ def orphans(a: Areal, group: str, pgids: set[int]) -> list[int]:
     return [g for g in pgids if pgid_alive(g)]
 
 
+def s_url(a: Areal) -> str:
+    return str(a.state("inf")["gateway"]["url"])
+
+
 def all_pgids(a: Areal, group: str) -> set[int]:
     try:
         return {c["pgid"] for c in a.state(group)["components"].values()}
@@ -526,8 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only-router", action="store_true", help=f"only the {ROUTER_ROW!r} row (no agent rows)"
     )
+    p.add_argument("--skip-floods", action="store_true", help="no flood_rows.py rows")
+    p.add_argument("--flood-s", type=float, default=15.0, help="seconds per flood row")
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
+    floods: list[dict[str, Any]] = []
     home = Path(tempfile.mkdtemp(prefix="areal-faults-"))
     a = Areal(home)
     rows: list[dict[str, Any]] = []
@@ -586,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             rows.append(drained)
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+        if not (a_.skip_floods or a_.only_migration or a_.only_router):
+            # Costly bodies beside ordinary chats (flood_rows.py): the service is whole again
+            # after the signal rows; the rows are printed in a table of their own.
+            print("rows: floods of costly bodies", file=sys.stderr, flush=True)
+            floods = flood_rows.run_floods(s_url(a), seconds=a_.flood_s)
         orphan_report["inf"] = orphans(a, "inf", seen)
         if not (a_.skip_agent or a_.only_migration or a_.only_router):
             r = a(
@@ -619,9 +636,14 @@ def main(argv: list[str] | None = None) -> int:
             orphan_report["processes_with_home"]
         )
     print_table(rows)
+    if floods:
+        flood_rows.print_rows(floods)
     if a_.json:
         Path(a_.json).write_text(
-            json.dumps({"rows": rows, "orphans": orphan_report, "models": models}, indent=2)
+            json.dumps(
+                {"rows": rows, "floods": floods, "orphans": orphan_report, "models": models},
+                indent=2,
+            )
         )
     return 0
 

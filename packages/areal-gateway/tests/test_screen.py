@@ -118,17 +118,12 @@ def test_the_screen_reads_what_the_gateway_would() -> None:
         "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": PAD}],
         "stream": True,
     }
-    assert screen.answer_of(fn(screen.CHAT + orjson.dumps(doc))) == (
-        "m",
-        True,
-        prefix_hashes(doc),
-    )
+    found = screen.answer_of(fn(screen.CHAT + orjson.dumps(doc)))
+    assert (found.model, found.stream, found.prefix) == ("m", True, prefix_hashes(doc))
+    assert found.chat_body is None and found.translated is None
     ids = {"model": "m", "prompt": list(range(1000))}
-    assert screen.answer_of(fn(screen.COMPLETION + orjson.dumps(ids))) == (
-        "m",
-        False,
-        prefix_hashes(ids),
-    )
+    found = screen.answer_of(fn(screen.COMPLETION + orjson.dumps(ids)))
+    assert (found.model, found.stream, found.prefix) == ("m", False, prefix_hashes(ids))
 
 
 def test_the_screen_works_on_the_gateways_event_loop() -> None:
@@ -138,7 +133,7 @@ def test_the_screen_works_on_the_gateways_event_loop() -> None:
     from areal_gateway.server import loop_factory
     from areal_runtime.offload import Offload, OffloadFailed
 
-    async def go() -> tuple[str, bool, list[int]]:
+    async def go() -> screen.Screened:
         off = Offload("areal_gateway.openai.screen:make", {}, name="body screen")
         try:
             doc = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": PAD}]})
@@ -163,7 +158,8 @@ def test_the_screen_works_on_the_gateways_event_loop() -> None:
 
     factory = loop_factory()
     with asyncio.Runner(loop_factory=factory) as runner:
-        assert runner.run(go())[:2] == ("m", False)
+        found = runner.run(go())
+        assert (found.model, found.stream) == ("m", False)
 
 
 def test_a_sessions_body_that_grew_by_a_turn_is_not_screened(stack: Stack) -> None:

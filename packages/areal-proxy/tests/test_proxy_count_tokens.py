@@ -80,6 +80,19 @@ async def test_a_bad_body_is_the_chat_400_and_nothing_runs(proxy):
     assert proxy.engine.requests == []
 
 
+async def test_a_body_with_more_structure_than_a_request_may_have_is_refused(proxy):
+    # No prompt screen on this path: the body is counted, not parsed, and refused.
+    blocks = [{"type": "text", "text": ""}] * 200_000
+    body = {"messages": [{"role": "user", "content": blocks}]}
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await proxy.stub.CountTokens(request(body))
+    d = error_detail(ei.value)
+    assert (d.http_status, d.code) == (413, "body_too_complex"), d.message
+    # A long conversation of prose is still counted.
+    long = {"messages": [{"role": "user", "content": "word " * 100_000}]}
+    assert (await proxy.stub.CountTokens(request(long))).input_tokens > 50_000
+
+
 async def test_a_template_that_refuses_is_a_400_chat_template_error(tmp_path: Path):
     """A template that refuses a system message after the first (some do) says so as a 400
     with the template's words, never a 500."""

@@ -12,6 +12,7 @@ import threading
 import time
 
 import grpc
+import orjson
 import pytest
 from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, request, start, wait_for
 
@@ -299,5 +300,55 @@ async def test_a_huge_prompt_that_fits_and_a_dead_screen_go_on_as_before():
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await h.stub.ChatCompletion(request(b'{"messages": 5, "x": "' + b"y" * 300_000 + b'"}'))
         assert error_detail(info.value).http_status == 400
+    finally:
+        await h.close()
+
+
+async def test_gradual_growth_of_an_expensive_field_is_screened_then_refused():
+    """A session grows a list of empty objects by ~250 KiB a turn: within the long-session
+    allowance, so bytes alone let every turn be parsed on this loop. By its estimated cost
+    (areal_runtime.bodycost) the turn over the loop's budget goes to the screen and the one
+    over the structure limit is refused there (413 body_too_complex), flood included."""
+    from areal_runtime import bodycost
+
+    h = await start(FakeEngineClient([5, EOS]), context_length=1_000_000)
+    try:
+        sid, key = await _session(h)
+        real = h.server.screen.call
+        screened: list[int] = []
+
+        async def counting(kind: bytes, body: bytes) -> bytes:
+            screened.append(len(body))
+            return await real(kind, body)
+
+        h.server.screen.call = counting
+        pad: list[dict] = []
+        seen = []
+        for _ in range(4):
+            body = orjson.dumps(
+                {
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "metadata": {"pad": pad},
+                    "max_tokens": 1,
+                }
+            )
+            before = len(screened)
+            try:
+                await h.stub.ChatCompletion(request(body, api_key=key, session_id=sid))
+                status = 200
+            except grpc.aio.AioRpcError as exc:
+                d = error_detail(exc)
+                assert d.code == "body_too_complex", d
+                status = d.http_status
+            seen.append((status, bodycost.parses_inline(body), len(screened) > before))
+            if status != 200:
+                break
+            pad = pad + [{}] * (250 * 1024 // 3)
+        assert seen == [(200, True, False), (200, False, True), (413, False, True)]
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await h.stub.ChatCompletion(request(body, api_key=key, session_id=sid))
+            assert error_detail(info.value).code == "body_too_complex"
+        assert len(h.engine.requests) == 2
     finally:
         await h.close()

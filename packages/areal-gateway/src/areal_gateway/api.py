@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from areal_gateway.auth import Principal, require_admin
-from areal_gateway.openai.forward import parse_object, read_body
+from areal_gateway.openai.forward import parse_bounded, read_body
 from areal_gateway.runtime import Gateway
 
 
@@ -115,7 +115,7 @@ class GatewayRoute(APIRoute):
             if has_body:
                 raw = await read_body(request, gw.settings.max_body_bytes)
                 if body_required or raw.strip():
-                    doc = parse_object(raw)
+                    doc = parse_bounded(raw)
                     scope = {**scope, "headers": _json_content_type(scope["headers"])}
                 else:
                     raw = b""  # no body: FastAPI uses the model's defaults

@@ -41,6 +41,7 @@ from areal_gateway.openai.forward import (
 )
 from areal_gateway.openai.responses import endpoint as responses
 from areal_gateway.runtime import Gateway
+from areal_runtime.bodycost import parses_inline, too_complex
 from areal_runtime.errors import (
     InternalError,
     PayloadTooLarge,
@@ -64,6 +65,13 @@ _ENDPOINTS: dict[str, tuple[Endpoint, Any]] = {
     "/v1/messages": (messages.MESSAGES, None),
     # Anthropic's token counter: the model's own template and tokenizer, at a proxy of it.
     "/v1/messages/count_tokens": (messages.COUNT_TOKENS, None),
+}
+# The screen's frame kind of each endpoint it reads (Responses is read here: see _parsed).
+_SCREEN_KINDS = {
+    CHAT.label: screen.CHAT,
+    COMPLETIONS.label: screen.COMPLETION,
+    messages.MESSAGES.label: screen.MESSAGES,
+    messages.COUNT_TOKENS.label: screen.COUNT_TOKENS,
 }
 # Endpoints of Anthropic's API: key from x-api-key too, errors in Anthropic's shape.
 _ANTHROPIC = (messages.MESSAGES, messages.COUNT_TOKENS)
@@ -89,17 +97,30 @@ class GenerationFastPath:
         # a session's next body, grown by less than the screen's threshold, is its previous
         # conversation plus a turn, and is parsed here like a small one. A long agent session
         # passes 256 KiB after some 60 turns; the detour through the screen would then tax
-        # every later turn of the legitimate traffic the threshold was not meant for.
+        # every later turn of the legitimate traffic the threshold was not meant for. Growth
+        # is no pass on cost: a body whose parse is estimated too long for the loop goes to
+        # the screen whatever its size was last turn (_goes_to_screen).
         self._session_bodies: OrderedDict[str, int] = OrderedDict()
 
     def _continues_session(self, session_id: str, size: int) -> bool:
         known = self._session_bodies.get(session_id)
         return known is not None and size - known <= screen.SCREEN_MIN_BODY
 
-    def _answered(self, response: GenerationResponse) -> None:
+    def _goes_to_screen(self, principal: Principal, body: bytes) -> bool:
+        """A body the loop must not parse: over the screen's size, unless it continues its
+        session by at most that much (a long session's next turn); and, however it was
+        reached, one whose estimated parse (bytes and structure: areal_runtime.bodycost) is
+        over what the loop may spend on one body."""
+        if not parses_inline(body):
+            return True
+        return len(body) > screen.SCREEN_MIN_BODY and not self._continues_session(
+            principal.session_id, len(body)
+        )
+
+    def _answered(self, response: GenerationResponse, size: int) -> None:
         sid = response.principal.session_id
-        if sid and response.raw_body:
-            self._session_bodies[sid] = len(response.raw_body)
+        if sid and size:
+            self._session_bodies[sid] = size
             self._session_bodies.move_to_end(sid)
             if len(self._session_bodies) > _SESSION_SIZES:
                 self._session_bodies.popitem(last=False)
@@ -172,7 +193,7 @@ class GenerationFastPath:
                 return
             await response(scope, receive, send_counted)
             if status == 200:
-                self._answered(response)
+                self._answered(response, response.client_body_bytes)
         except Exception as exc:
             log.error("unhandled error on POST %s: %r", scope["path"], exc, exc_info=exc)
             if started:
@@ -230,37 +251,45 @@ class GenerationFastPath:
         gw = self.gateway
         assert gw is not None
         body = await receive_body(receive, length, gw.settings.max_body_bytes)
-        if (
-            endpoint in (CHAT, COMPLETIONS)
-            and len(body) > screen.SCREEN_MIN_BODY
-            and not self._continues_session(principal.session_id, len(body))
-        ):
-            found = await self._screened(endpoint, body)
-            if found is not None:
-                model, stream, prefix = found
-                return GenerationResponse(
-                    gw,
-                    endpoint,
-                    principal,
-                    choose_request_id(rid),
-                    model,
-                    stream,
-                    body,
-                    None,
-                    prefix,
-                )
+        response = await self._parsed(endpoint, check, principal, choose_request_id(rid), body)
+        response.client_body_bytes = len(body)
+        return response
+
+    async def _parsed(
+        self, endpoint: Endpoint, check: Any, principal: Principal, rid: str, body: bytes
+    ) -> GenerationResponse:
+        gw = self.gateway
+        assert gw is not None
+        if self._goes_to_screen(principal, body):
+            if endpoint is responses.RESPONSES:
+                # Its translation needs the response store: read here, once the body is
+                # known not to be one no hop should parse (its size alone is the cost left).
+                refused = too_complex(body)
+                if refused is not None:
+                    raise refused
+            else:
+                found = await self._screened(endpoint, body)
+                if found is not None:
+                    if found.translated is not None:
+                        assert found.chat_body is not None
+                        return messages.prepared(
+                            gw, endpoint, principal, rid, found.translated,
+                            found.chat_body, found.prefix,
+                        )  # fmt: skip
+                    return GenerationResponse(
+                        gw, endpoint, principal, rid, found.model, found.stream, body, None,
+                        found.prefix,
+                    )  # fmt: skip
         doc = parse_object(body)
         if endpoint is responses.RESPONSES:
-            return await responses.prepare(gw, gw.responses, principal, choose_request_id(rid), doc)
+            return await responses.prepare(gw, gw.responses, principal, rid, doc)
         if endpoint is messages.MESSAGES:
-            return messages.prepare(gw, principal, choose_request_id(rid), doc)
+            return messages.prepare(gw, principal, rid, doc)
         if endpoint is messages.COUNT_TOKENS:
-            return messages.prepare_count(gw, principal, choose_request_id(rid), doc)
+            return messages.prepare_count(gw, principal, rid, doc)
         model, stream = parse_model_and_stream(doc)
         check(doc)
-        return GenerationResponse(
-            gw, endpoint, principal, choose_request_id(rid), model, stream, body, doc
-        )
+        return GenerationResponse(gw, endpoint, principal, rid, model, stream, body, doc)
 
     def _anthropic_principal(self, api_key: str | None, auth: str | None) -> Principal:
         """Anthropic's clients send the key as `x-api-key` (or, given a token, as a bearer)."""
@@ -275,12 +304,10 @@ class GenerationFastPath:
                 code="missing_api_key",
             ) from None
 
-    async def _screened(
-        self, endpoint: Endpoint, body: bytes
-    ) -> tuple[str, bool, list[int]] | None:
+    async def _screened(self, endpoint: Endpoint, body: bytes) -> screen.Screened | None:
         """What the screen read from a huge body (or the error it found), None if it failed:
         the caller then parses the body itself."""
-        kind = screen.CHAT if endpoint is CHAT else screen.COMPLETION
+        kind = _SCREEN_KINDS[endpoint.label]
         try:
             assert self.gateway is not None
             raw = await self.gateway.screen.call(kind, body)

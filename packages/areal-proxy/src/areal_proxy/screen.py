@@ -9,8 +9,16 @@ cannot fit, the proxy refuses it without touching the body. Anything else (it fi
 malformed, the screen failed) goes on as if there were no screen, and the proxy's own
 checks answer it, so the screen decides only one thing and never changes an answer.
 
-Frames: one kind byte (`CHAT` or `COMPLETION`), then the request body. Answer: `{}`, or
-`{"tokens": n, "exact": bool, "param": name}` for a prompt the context cannot hold.
+It also refuses, whatever the context, a body with more structure than a request may have
+(areal_runtime.bodycost: 413 `body_too_complex`), which the proxy would otherwise parse on its
+loop: the gateway refuses those first, so this is for a body that reached the proxy another way.
+The proxy sends a body here when it is over `SCREEN_MIN_BODY` (unless it continues its session
+by less than that) or, whatever its size, when its estimated parse is over what the loop may
+spend on one body.
+
+Frames: one kind byte (`CHAT` or `COMPLETION`), then the request body. Answer: `{}`,
+`{"tokens": n, "exact": bool, "param": name}` for a prompt the context cannot hold, or
+`{"too_complex": message}`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import orjson
 
 from areal_proxy.chat_template import PromptBuilder, TemplateError
 from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
+from areal_runtime.bodycost import too_complex
 from areal_runtime.errors import ServiceError
 from areal_runtime.openai import parse_chat, parse_completion
 
@@ -46,6 +55,9 @@ def make(tokenizer_path: str, template_type: str, context_length: int) -> Callab
 
     def screen(frame: bytes) -> bytes:
         kind, body = frame[:1], frame[1:]
+        refused = too_complex(body)
+        if refused is not None:
+            return orjson.dumps({"too_complex": refused.message})
         if not limit:
             return _GO_ON
         try:

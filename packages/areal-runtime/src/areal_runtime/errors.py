@@ -11,6 +11,7 @@ The hierarchy (status, OpenAI `type`, default `code`; `-` = none, sent as null):
     ServiceError                  any  (the base: a status with no class below, e.g. 405)
     ├── InvalidRequest            400  invalid_request_error  -
     │   ├── PayloadTooLarge       413  invalid_request_error  body_too_large
+│   │                              (also body_too_complex)
     │   └── UnprocessableRequest  422  invalid_request_error  invalid_request
     ├── Unauthenticated           401  authentication_error   -
     ├── PermissionDenied          403  permission_error       -
@@ -187,11 +188,14 @@ class InvalidRequest(_Typed):
 
 
 class PayloadTooLarge(InvalidRequest):
-    """The body is over the size limit; the HTTP edge also closes the connection."""
+    """The body is over the size limit (or its structure over areal_runtime.bodycost's);
+    the HTTP edge also closes the connection."""
 
     http_status = 413
     code = "body_too_large"
-    codes = ("body_too_large",)
+    # body_too_complex: a body within the size limit whose structure (JSON values) is not
+    # (areal_runtime.bodycost).
+    codes = ("body_too_large", "body_too_complex")
 
 
 class UnprocessableRequest(InvalidRequest):

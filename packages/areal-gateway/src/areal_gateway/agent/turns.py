@@ -41,11 +41,12 @@ from areal_gateway.agent.common import (
 from areal_gateway.agent.shapes import ChatShape, ResponsesShape, agent_error, session_of_response
 from areal_gateway.auth import Principal
 from areal_gateway.openai.errors import bad_request, error_body
-from areal_gateway.openai.forward import parse_object, read_body, request_id
+from areal_gateway.openai.forward import parse_bounded, read_body, request_id
 from areal_gateway.openai.sse import SSE_HEADERS
 from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
+from areal_runtime.bodycost import MAX_STRUCTURE_NS
 from areal_runtime.errors import InternalError, ServiceError, SessionNotFound
 
 _JSON = (b"content-type", b"application/json")
@@ -292,7 +293,8 @@ async def _session_for(
 async def responses(request: Request) -> Response:
     gw = gateway(request)
     p = principal(gw, request)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
+    # An agent turn's conversation may be long: bounded by the structure any request may have.
+    doc = parse_bounded(await read_body(request, gw.settings.max_body_bytes), MAX_STRUCTURE_NS)
     stream = stream_flag(doc)
     raw_input = doc.get("input")
     if isinstance(raw_input, str):
@@ -335,7 +337,8 @@ async def responses(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     gw = gateway(request)
     p = principal(gw, request)
-    doc = parse_object(await read_body(request, gw.settings.max_body_bytes))
+    # An agent turn's conversation may be long: bounded by the structure any request may have.
+    doc = parse_bounded(await read_body(request, gw.settings.max_body_bytes), MAX_STRUCTURE_NS)
     stream = stream_flag(doc)
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -62,9 +62,15 @@ class MessagesGeneration(GenerationResponse):
         request_id: str,
         t: Translated,
         endpoint: Endpoint = MESSAGES,
+        screened: tuple[bytes, list[int]] | None = None,
     ) -> None:
-        body = orjson.dumps(t.chat)
-        super().__init__(gw, endpoint, principal, request_id, t.model, t.stream, body, t.chat)
+        # `screened`: the chat body and its prefix hashes from the body screen
+        # (openai/screen.py), which translated a huge body so that it is never parsed here.
+        if screened is None:
+            body, doc, prefix = orjson.dumps(t.chat), t.chat, None
+        else:
+            (body, prefix), doc = screened, None
+        super().__init__(gw, endpoint, principal, request_id, t.model, t.stream, body, doc, prefix)
         self.t = t
         self.translator = response.StreamTranslator(t.model, t.stop_sequences, t.context_management)
         self._sse = b""  # an external model's event stream, not yet a whole event
@@ -167,3 +173,17 @@ def prepare_count(
     return CountTokensResponse(
         gw, principal, request_id, translate(doc, counting=True), COUNT_TOKENS
     )
+
+
+def prepared(
+    gw: Gateway,
+    endpoint: Endpoint,
+    principal: Principal,
+    request_id: str,
+    t: Translated,
+    chat_body: bytes,
+    prefix: list[int],
+) -> MessagesGeneration:
+    """The response to a body the screen translated (`chat_body`, never parsed here)."""
+    cls = CountTokensResponse if endpoint is COUNT_TOKENS else MessagesGeneration
+    return cls(gw, principal, request_id, t, endpoint, (chat_body, prefix))

@@ -38,6 +38,7 @@ from areal_gateway.runtime import Gateway
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.router.v1 import router_pb2
 from areal_runtime import tracing
+from areal_runtime.bodycost import INLINE_NS, parses_inline, too_complex
 from areal_runtime.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -139,6 +140,18 @@ def parse_object(body: bytes) -> dict[str, Any]:
     return load_body(body)
 
 
+def parse_bounded(body: bytes, limit_ns: int = INLINE_NS) -> dict[str, Any]:
+    """`parse_object` on this loop for a body that is never screened (control, RL and agent
+    endpoints): one with more structure than `limit_ns` is refused first (413
+    `body_too_complex`, areal_runtime.bodycost). Control bodies are small by nature: the
+    default is what the loop may spend on one body."""
+    if not parses_inline(body):
+        refused = too_complex(body, limit_ns)
+        if refused is not None:
+            raise refused
+    return load_body(body)
+
+
 def parse_model_and_stream(doc: dict[str, Any]) -> tuple[str, bool]:
     head = read_head(doc)
     return head.model, head.stream
@@ -193,6 +206,9 @@ class GenerationResponse(Response):
         self.model = model
         self.stream = stream
         self.raw_body = body
+        # The size of the body the client sent (raw_body is a translation's, for Messages
+        # and Responses): what a session's next body is compared with (fastpath.py).
+        self.client_body_bytes = len(body)
         # None when a screen read the body (openai/screen.py): parsed here only if needed.
         self.doc = doc
         self.prefix = prefix

@@ -35,7 +35,8 @@ from areal_proxy.structured_json import check, engine_schema
 from areal_proxy.tokenizer import ModelTokenizer
 from areal_proxy.tool_prompt import can_prompt, default_tool_parser
 from areal_runtime import tracing
-from areal_runtime.errors import InvalidRequest, UpstreamError
+from areal_runtime.bodycost import parses_inline
+from areal_runtime.errors import InvalidRequest, PayloadTooLarge, UpstreamError
 from areal_runtime.offload import Offload, OffloadFailed
 from areal_runtime.openai import (
     ChatRequest,
@@ -178,21 +179,29 @@ class InferenceCore:
     # ---- the prelude: screen, parse, turn, prompt, budget ------------------------------
 
     async def _screened(self, kind: bytes, body: bytes, env: Envelope | None) -> None:
-        """Refuse a huge body whose prompt cannot fit, on the screen's word; anything else
+        """Refuse a huge body whose prompt cannot fit, or any body with more structure than
+        a request may have (areal_runtime.bodycost), on the screen's word; anything else
         (and a screen that failed) goes on to this proxy's own checks. A session's body that
         outgrows its previous one by less than the screen's threshold is no detour: what is
-        new in it costs what a small body costs (the rest continues the previous turn)."""
-        if self.screen is None or len(body) <= SCREEN_MIN_BODY or not self.context_length:
+        new in it costs what a small body costs (the rest continues the previous turn); but
+        growth is no pass on cost: a body whose parse is estimated too long for this loop is
+        screened however it was reached."""
+        if self.screen is None:
             return
-        if env is not None and env.session_id and self.recorder is not None:
-            known = self.recorder.book.turns.body_bytes(env.session_id)
-            if known and len(body) - known <= SCREEN_MIN_BODY:
+        if parses_inline(body):
+            if len(body) <= SCREEN_MIN_BODY or not self.context_length:
                 return
+            if env is not None and env.session_id and self.recorder is not None:
+                known = self.recorder.book.turns.body_bytes(env.session_id)
+                if known and len(body) - known <= SCREEN_MIN_BODY:
+                    return
         try:
             answer = orjson.loads(await self.screen.call(kind, body))
         except OffloadFailed as exc:
             log.warning("prompt screen: %s; checking the prompt here", exc)
             return
+        if "too_complex" in answer:
+            raise PayloadTooLarge(answer["too_complex"], code="body_too_complex")
         if "tokens" in answer:
             raise self._too_long(answer["tokens"], answer["param"], at_least=not answer["exact"])
 

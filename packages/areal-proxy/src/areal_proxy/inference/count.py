@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from areal_proxy.chat_template import TemplateError, ToolsNotRendered
 from areal_proxy.inference.core import InferenceCore
+from areal_runtime.bodycost import parses_inline, too_complex
 from areal_runtime.openai import ChatRequest, bad, parse_chat
 
 # Bodies above this are rendered and tokenized off the event loop (as a chat's are).
@@ -34,5 +35,11 @@ def _count(core: InferenceCore, req: ChatRequest) -> int:
 
 
 async def count_tokens(core: InferenceCore, body: bytes) -> int:
+    # No prompt screen here (no context limit applies), but a body with more structure than a
+    # request may have is refused before this loop parses it (areal_runtime.bodycost).
+    if not parses_inline(body):
+        refused = too_complex(body)
+        if refused is not None:
+            raise refused
     req = parse_chat(body)
     return await core._off_loop(len(body) > _INLINE_BODY_BYTES, _count, core, req)
