@@ -77,8 +77,10 @@ class Settings:
     max_idle_connections_per_client: int = field(
         default=256,
         metadata={
-            "help": "idle connections (no request in progress) one client address may hold; "
-            "past it the longest idle is closed"
+            "help": "connections one client address may keep open between requests (past "
+            "it a response says Connection: close: never is a connection closed that may carry "
+            "a request), and connections that have sent nothing it may hold (past it those "
+            "silent for 2 s are closed)"
         },
     )
     proxy_streams: bool = field(
