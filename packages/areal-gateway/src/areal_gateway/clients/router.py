@@ -13,6 +13,7 @@ from areal_gateway.clients.common import (
     ROUTER_TIMEOUT,
     open_channel,
 )
+from areal_gateway.clients.redact import public
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
@@ -37,7 +38,7 @@ class RouterClient:
         try:
             return await method(request, timeout=timeout_s, metadata=tracing.metadata(self._md))
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, target="router") from None
+            raise public(from_rpc_error(exc, target="router"), f"router {self.address}") from None
 
     async def _change(self, method: Any, request: Any) -> Any:
         """A registry change: leases granted before it ends, or while it runs, are void."""
@@ -101,7 +102,9 @@ class RouterClient:
             )
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise from_rpc_error(exc, target="router") from None
+                raise public(
+                    from_rpc_error(exc, target="router"), f"router {self.address}"
+                ) from None
             await self._register_one_by_one(proxies)
             return list(proxies), []
         finally:
