@@ -96,8 +96,18 @@ def _service_error(exc: BaseException) -> ServiceError:
             code = "engine_lost"
         else:
             code = "engine_unavailable" if exc.status == 503 else "engine_error"
+        message = str(exc)
+        if code == "engine_error" and exc.status >= 500:
+            # The engine's own words (a grammar matcher's assertion, a Python traceback's last
+            # line, its URL) mean nothing to a client and may show the inside of the service:
+            # the client is told what failed and what to do, the log keeps the words.
+            log.warning("engine error answered as %d engine_error: %s", exc.status, message)
+            message = (
+                "The engine serving this model failed while generating the answer; send the "
+                "request again (the proxy's log has the engine's error)."
+            )
         return error_for(
-            exc.status, str(exc), type="api_error" if exc.status >= 500 else None, code=code
+            exc.status, message, type="api_error" if exc.status >= 500 else None, code=code
         )
     log.exception("internal error", exc_info=exc)
     return InternalError(f"internal proxy error: {type(exc).__name__}: {exc}")
