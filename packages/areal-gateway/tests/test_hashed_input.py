@@ -1,6 +1,7 @@
 """Bad input in what the gateway hashes for routing (a prompt's prefix hashes) is a 400
-naming the field, never a 500 from the hashing: every path, stream or not, with the admin
-key (whose requests the gateway places by their prefix; a session key's go to its pin)."""
+naming the field, never a 500 from the hashing: every path, stream or not, either key kind
+(checked with the body's other checks, so also where nothing is hashed: a session key's
+requests go to its pin)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ def test_messages_and_responses_name_the_field(model: str, http) -> None:
 def test_a_good_body_is_still_served(model: str, http) -> None:
     body = _chat({"role": "user", "content": [{"type": "text", "text": "hi"}]}, False)
     assert http.post("/v1/chat/completions", json=body, headers=HEADERS).status_code == 200
+
+
+def test_a_session_key_gets_the_same_400(stack: Stack, model: str, http) -> None:
+    stack.gw.gateway.auth.add_session_key("sess-key-hashed-abcdefghij", "session-hashed")
+    body = _chat({"role": "user", "content": [{"type": "text", "text": True}]}, False)
+    r = http.post(
+        "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": "Bearer sess-key-hashed-abcdefghij"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].text"
