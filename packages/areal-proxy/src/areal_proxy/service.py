@@ -79,6 +79,23 @@ class ProxyState:
     retired: bool = False
 
 
+def _in_own_words(err: ServiceError) -> ServiceError:
+    """A generation's `engine_error` as its client is told it. The engine's own words (a
+    grammar matcher's assertion, the last line of a Python traceback, its URL) mean nothing
+    to a client and may show the inside of the service: the client is told what failed and
+    what to do; `_fail` logs the words. (A control call's error, such as a checkpoint the
+    engine could not load, keeps them: its caller is the operator.)"""
+    if err.code != "engine_error" or err.http_status < 500:
+        return err
+    return error_for(
+        err.http_status,
+        "The engine serving this model failed while generating the answer; send the request "
+        "again (the proxy's log has the engine's error).",
+        type="api_error",
+        code="engine_error",
+    )
+
+
 def _service_error(exc: BaseException) -> ServiceError:
     if isinstance(exc, ServiceError):
         return exc
@@ -96,18 +113,8 @@ def _service_error(exc: BaseException) -> ServiceError:
             code = "engine_lost"
         else:
             code = "engine_unavailable" if exc.status == 503 else "engine_error"
-        message = str(exc)
-        if code == "engine_error" and exc.status >= 500:
-            # The engine's own words (a grammar matcher's assertion, a Python traceback's last
-            # line, its URL) mean nothing to a client and may show the inside of the service:
-            # the client is told what failed and what to do, the log keeps the words.
-            log.warning("engine error answered as %d engine_error: %s", exc.status, message)
-            message = (
-                "The engine serving this model failed while generating the answer; send the "
-                "request again (the proxy's log has the engine's error)."
-            )
         return error_for(
-            exc.status, message, type="api_error" if exc.status >= 500 else None, code=code
+            exc.status, str(exc), type="api_error" if exc.status >= 500 else None, code=code
         )
     log.exception("internal error", exc_info=exc)
     return InternalError(f"internal proxy error: {type(exc).__name__}: {exc}")
@@ -246,7 +253,7 @@ class ProxyServicer(
         finally:
             self._exit(rpc, started)
         self._fail(rpc, request, err)
-        return err
+        return _in_own_words(err)
 
     async def _unary(
         self,
