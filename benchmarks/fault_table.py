@@ -35,6 +35,13 @@ under way all finish (moved to replica 0 with their tokens when they outlast the
 0; `healthy` is how long the command took; replica 1's proxy stays (retired), its engine is
 stopped. It has no restarts (n/a).
 
+The row "big client pool" has no fault: one aiohttp session with `--pool` (500) connections
+sends `--waves` (4) waves of that many chats at once, the shape of an RL trainer driving its
+rollouts through one client. errors must be 0: the gateway's per-client connection limit
+(`--max-idle-connections-per-client`, 256) answers past it with `Connection: close`, never
+by closing a connection a request may be on. `reconnects` is how many connections the pool
+opened beyond its first `--pool` (what the limit costs).
+
 After all rows `stop` runs and every recorded process group (and any process with this
 AREAL_HOME in its environment) must be gone: the orphan column.
 
@@ -44,11 +51,13 @@ chats, with the others' latency and `/health`'s during each.
 
     uv run python benchmarks/fault_table.py [--replicas 2] [--requests 240] [--json out.json]
         [--skip-agent] [--only-migration] [--only-router] [--skip-floods] [--flood-s 15]
+        [--only-client-pool] [--pool 500] [--waves 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -482,6 +491,66 @@ def run_row(
     }
 
 
+async def _pool_waves(url: str, pool: int, waves: int) -> tuple[list[Any], int]:
+    """`waves` waves of `pool` chats from one aiohttp session of `pool` connections: each
+    result (200 or what failed) and how many connections the pool opened."""
+    import aiohttp
+
+    opened = 0
+
+    async def counted(*_: Any) -> None:
+        nonlocal opened
+        opened += 1
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(counted)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    conn = aiohttp.TCPConnector(limit=pool)
+    timeout = aiohttp.ClientTimeout(total=600)
+    results: list[Any] = []
+    async with aiohttp.ClientSession(
+        url, connector=conn, timeout=timeout, trace_configs=[trace],
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as http:  # fmt: skip
+
+        async def one() -> Any:
+            try:
+                async with http.post("/v1/chat/completions", json=body) as r:
+                    await r.read()
+                    return r.status
+            except (TimeoutError, aiohttp.ClientError) as e:
+                return type(e).__name__
+
+        for _ in range(waves):
+            results += await asyncio.gather(*(one() for _ in range(pool)))
+    return results, opened
+
+
+def client_pool_row(a: Areal, pool: int, waves: int) -> dict[str, Any]:
+    """The big-client-pool row (no fault): every request must answer 200."""
+    url = a.state("inf")["gateway"]["url"]
+    t0 = time.monotonic()
+    results, opened = asyncio.run(_pool_waves(url, pool, waves))
+    errors = [str(r) for r in results if r != 200]
+    return {
+        "scenario": f"big client pool ({pool} conns, {waves} waves of {pool})",
+        "mid_stream": "n/a",
+        "migrations": {},
+        "service": "inf",
+        "victim": "-",
+        "signal": "-",
+        "requests": len(results),
+        "acked": len(results) - len(errors),
+        "errors": len(errors),
+        "error_samples": sorted(set(errors))[:4],
+        "healthy_after_s": None,
+        "lost": "n/a",
+        "restarts": "n/a",
+        "reconnects": max(0, opened - pool),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
 def migrations(a: Areal, proxy: str) -> dict[str, int]:
     """`areal_proxy_migrations_total` of an inf proxy, by outcome (its metrics port)."""
     try:
@@ -537,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--skip-floods", action="store_true", help="no flood_rows.py rows")
     p.add_argument("--flood-s", type=float, default=15.0, help="seconds per flood row")
+    p.add_argument("--only-client-pool", action="store_true", help="only the big-client-pool row")
+    p.add_argument("--pool", type=int, default=500, help="the big client pool's connections")
+    p.add_argument("--waves", type=int, default=4, help="the big client pool's waves")
     p.add_argument("--json", default="")
     a_ = p.parse_args(argv)
     floods: list[dict[str, Any]] = []
@@ -560,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
         if listed.returncode == 0:
             models = json.loads(listed.stdout)["models"]
         seen = all_pgids(a, "inf")
+        if not (a_.only_migration or a_.only_router):
+            print("row: big client pool", file=sys.stderr, flush=True)
+            rows.append(client_pool_row(a, a_.pool, a_.waves))
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+        if a_.only_client_pool:
+            a_.skip_agent = True
         plan = [
             ("gateway", signal.SIGKILL, ""),
             ("router", signal.SIGKILL, ROUTER_ROW),
@@ -569,14 +647,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if a_.only_router:
             plan = [row for row in plan if row[2] == ROUTER_ROW]
-        for victim, sig, scenario in [] if a_.only_migration else plan:
+        for victim, sig, scenario in [] if a_.only_migration or a_.only_client_pool else plan:
             print(f"row: {scenario or sig.name + ' ' + victim}", file=sys.stderr, flush=True)
             rows.append(
                 run_row(a, "inf", victim, sig, a_.requests, a_.row_timeout, scenario=scenario)
             )
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             seen |= all_pgids(a, "inf")
-        if a_.replicas > 1 and not a_.only_router:
+        if a_.replicas > 1 and not (a_.only_router or a_.only_client_pool):
             scenario = "engine killed mid-stream (migration)"
             print(f"row: {scenario}", file=sys.stderr, flush=True)
             victim = f"{MODEL}-worker-0"
@@ -598,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             rows.append(drained)
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-        if not (a_.skip_floods or a_.only_migration or a_.only_router):
+        if not (a_.skip_floods or a_.only_migration or a_.only_router or a_.only_client_pool):
             # Costly bodies beside ordinary chats (flood_rows.py): the service is whole again
             # after the signal rows; the rows are printed in a table of their own.
             print("rows: floods of costly bodies", file=sys.stderr, flush=True)
@@ -660,6 +738,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "healthy_after_s",
         "lost",
         "restarts",
+        "reconnects",
         "mid_stream",
         "migrated",
         "orphans_after_stop",

@@ -277,7 +277,8 @@ class FakeProxy(
         if self.proxy_id in doc_fake.get("draining_on", ()):
             await abort(context, ServiceError(503, "fake proxy draining", code="draining"))
         if "error_status" in doc_fake:
-            await abort(context, ServiceError(doc_fake["error_status"], "fake proxy error"))
+            message = doc_fake.get("error_message", "fake proxy error")
+            await abort(context, ServiceError(doc_fake["error_status"], message))
         if doc_fake.get("crash"):
             raise RuntimeError("fake proxy crashed")
 

@@ -68,6 +68,23 @@ def test_version() -> None:
     assert r.returncode == 0 and areal_gateway.__version__ in r.stdout
 
 
+def test_help_names_every_environment_variable_it_reads() -> None:
+    r = run(["--help"])
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())  # argparse wraps lines
+    for name in (
+        "AREAL_ADMIN_API_KEY",
+        "AREAL_INTERNAL_TOKEN",
+        "AREAL_SESSION_KEY_SECRET",
+        "AREAL_TLS_CA",
+        "AREAL_TLS_CERT",
+        "AREAL_TLS_KEY",
+        "OTEL_",
+        "AREAL_GATEWAY_ROUTER_ADDR",
+    ):
+        assert name in text, name
+
+
 def test_refuses_default_key_beyond_loopback() -> None:
     r = run(
         ["--router-addr", "127.0.0.1:1", "--host", "0.0.0.0"],

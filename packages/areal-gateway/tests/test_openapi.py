@@ -8,6 +8,7 @@ must keep the OpenAI error shape, after the key check.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import httpx
@@ -241,6 +242,9 @@ def test_document_and_docs_page_need_no_key(stack: Stack) -> None:
     assert deleted["content"]["application/json"]["schema"]["$ref"].endswith("DeletedResponse")
     # A key changes nothing (no secret is held back from anyone).
     session = {"Authorization": f"Bearer {mint_key('sess-openapi')}"}
+    # (fetched again: the examples' model is the catalog's, which this session's first
+    # document may have been served before)
+    doc = _fetch(stack.url)
     assert httpx.get(stack.url + "/openapi.json", headers=session).json() == doc
     # Swagger UI, its script and style served here (the page works without network).
     page = httpx.get(stack.url + "/docs")
@@ -432,3 +436,33 @@ def test_unknown_fields_are_ignored(http: httpx.Client, admin_headers: dict[str,
         json={"version": 1, "worker": "nope", "comment": "ignored"},
     )
     assert_error(r, 404, "worker_not_found")
+
+
+def _example_of(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    name = body["$ref"].rsplit("/", 1)[1]
+    examples: list[dict[str, Any]] = doc["components"]["schemas"][name]["examples"]
+    return examples[0]
+
+
+def test_the_docs_examples_name_a_served_model_and_work(stack: Stack) -> None:
+    # Swagger UI's "Try it out" sends the example body as it stands: its model must be one
+    # the gateway serves (a placeholder such as "string" is a 404).
+    from areal_gateway.openai.shapes import MODEL_EXAMPLE
+
+    stack.register("m-docs-example")
+    served = {m.name for m in stack.router.models.values()}
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=stack.url, timeout=10) as c:
+        deadline = time.monotonic() + 5
+        doc = c.get("/openapi.json").json()
+        while MODEL_EXAMPLE in str(doc) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the catalog's first snapshot is on its way
+            doc = c.get("/openapi.json").json()
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
+            example = _example_of(doc, path)
+            assert example["model"] in served, (path, example)
+            # (this session's stack serves other tests' models too, some with no healthy
+            # replica: the example's body is sent to the one registered here)
+            r = c.post(path, json={**example, "model": "m-docs-example"}, headers=headers)
+            assert r.status_code == 200, (path, r.text)

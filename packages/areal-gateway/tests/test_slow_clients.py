@@ -12,6 +12,10 @@ import httpx
 import pytest
 from conftest import ADMIN_KEY, Stack
 
+from areal_gateway.http_protocol import _GuardedProtocol
+
+SILENT_GRACE = _GuardedProtocol.silent_grace
+
 
 def _connect(url: str) -> socket.socket:
     u = urlparse(url)
@@ -88,8 +92,10 @@ def capped(stack: Stack):
 def test_idle_connections_per_client_are_bounded(capped) -> None:
     socks = [_connect(capped.url) for _ in range(6)]
     try:
-        time.sleep(0.5)
-        # The two idle longest were closed; the four newest are still open.
+        # A connection that has sent nothing is shed only after a grace (a real client's
+        # first request may not be read yet when a flood of connections is accepted).
+        time.sleep(SILENT_GRACE + 0.5)
+        # The two silent longest were closed; the four newest are still open.
         closed = [_closed_within(s, 0.05)[0] for s in socks]
         assert closed == [True, True, False, False, False, False]
         # An open connection still serves its requests.
@@ -98,6 +104,53 @@ def test_idle_connections_per_client_are_bounded(capped) -> None:
         assert socks[5].recv(4096).startswith(b"HTTP/1.1 ")
     finally:
         for s in socks:
+            s.close()
+
+
+def _get_health(s: socket.socket) -> bytes:
+    """One request on `s` and its whole response (head and body: /health is small)."""
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.settimeout(5)
+    got = b""
+    while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_past_the_limit_a_response_says_connection_close(capped) -> None:
+    # Six connections each with a request on it: none is closed under a request; the four
+    # the client may keep stay open, the other two are told to close after their response.
+    socks = [_connect(capped.url) for _ in range(6)]
+    try:
+        answers = [_get_health(s) for s in socks]
+        assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
+        told_to_close = [b"connection: close" in a.lower() for a in answers]
+        assert told_to_close == [False] * 4 + [True] * 2
+        closed = [_closed_within(s, 0.3)[0] for s in socks]
+        assert closed == [False] * 4 + [True] * 2
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_kept_connections_outlive_a_flood_of_silent_ones(capped) -> None:
+    # Connections that served a request are never closed for the limit (the client may be
+    # writing its next request on one): a flood of silent connections loses its own.
+    time.sleep(0.2)  # the previous test's connections are gone
+    kept = [_connect(capped.url) for _ in range(4)]
+    flood: list[socket.socket] = []
+    try:
+        assert all(_get_health(s).startswith(b"HTTP/1.1 200 ") for s in kept)
+        flood = [_connect(capped.url) for _ in range(8)]
+        time.sleep(SILENT_GRACE + 0.5)
+        assert [_closed_within(s, 0.05)[0] for s in kept] == [False] * 4
+        assert sum(_closed_within(s, 0.05)[0] for s in flood) == 4
+        assert all(_get_health(s).startswith(b"HTTP/1.1 200 ") for s in kept)
+    finally:
+        for s in kept + flood:
             s.close()
 
 

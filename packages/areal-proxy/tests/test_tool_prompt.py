@@ -63,13 +63,45 @@ def test_tools_are_written_into_the_system_prompt_in_the_parsers_format():
     text = t.render(MSG, tools=TOOLS)
     assert text != plain and "SmolLM" not in text  # our system message replaces the default
     assert '"name": "get_weather"' in text and "<tool_call>" in text
-    # The example call in the prompt is one the active parser reads back as a call.
-    example = text.split("for example:\n", 1)[1].split("\nOnce a tool", 1)[0]
-    parsed = OutputParser("hermes", None, TOOLS).parse(example)
+    # The example call in the prompt, its type markers filled, is one the active parser reads
+    # back as a call.
+    example = text.split("for example:\n", 1)[1].split("\nIn a call", 1)[0]
+    assert '"arguments": {"city": <string>}' in example
+    parsed = OutputParser("hermes", None, TOOLS).parse(example.replace("<string>", '"Paris"'))
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
     # A system message of the client's own keeps its text, the tools follow it.
     with_system = t.render([{"role": "system", "content": "Be brief."}, *MSG], tools=TOOLS)
     assert "<|im_start|>system\nBe brief.\n\nYou can call these tools" in with_system
+
+
+def test_the_example_call_shows_types_and_example_values_never_dots():
+    # A model copied the old example's "..." into forced calls ({"name": "...", ...}): the
+    # example shows each argument's type, bare (not a JSON value, so a call constrained to
+    # JSON cannot copy it), or the schema's own example value.
+    params = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "country": {"type": "string", "enum": ["FR", "IT"]},
+            "age": {"type": "integer"},
+            "score": {"type": ["number", "null"]},
+            "vip": {"type": "boolean", "default": False},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "where": {
+                "type": "object",
+                "properties": {"zip": {"type": "string", "examples": ["75001"]}},
+            },
+        },
+    }
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": params}}]
+    section = tool_prompt.tool_section(tools, "hermes")
+    example = section.split("for example:\n", 1)[1].split("\nIn a call", 1)[0]
+    assert "..." not in section
+    assert (
+        '{"name": <string>, "country": "FR", "age": <integer>, "score": <number>, '
+        '"vip": false, "tags": [<string>], "where": {"zip": "75001"}}' in example
+    )
+    assert "real value" in section
 
 
 def test_the_tool_loop_is_put_in_words_the_model_follows():

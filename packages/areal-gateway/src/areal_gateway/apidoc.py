@@ -11,6 +11,12 @@ two kinds of routes:
   FastAPI layer is added to them), the model list, and in agent mode the turns. Their
   bodies are the models of openai/shapes.py.
 
+The example bodies of the generation endpoints name a model: a served model is not known
+when the document is written, so each answer of `GET /openapi.json` puts one of the
+catalog's models (an internal one first, by name) where `shapes.MODEL_EXAMPLE` stands, and
+"Try it out" on `/docs` sends a body that works. With no model registered yet the
+placeholder stays, and names where to look (`GET /v1/models`).
+
 `/docs` is Swagger UI with its script and style served by the gateway itself (the
 fastapi-offline package ships them): FastAPI's default page would load them from a CDN and
 stay blank without network.
@@ -23,6 +29,7 @@ import re
 from enum import Enum
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
@@ -139,6 +146,8 @@ def install(app: FastAPI, mode: str, summary: str) -> None:
     """Build `app`'s document from its routes and the described ones, once."""
     extra = described_routes(mode)
 
+    served: dict[str, dict[str, Any]] = {}  # the document with each example model put in
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = get_openapi(
@@ -150,6 +159,18 @@ def install(app: FastAPI, mode: str, summary: str) -> None:
                 "their own shapes; docs/services.md has the details.",
                 routes=[*app.routes, *extra],
             )
-        return app.openapi_schema
+        gateway = getattr(app.state, "gateway", None)
+        name = gateway.catalog.example_model() if gateway is not None else ""
+        if not name:
+            return app.openapi_schema
+        doc = served.get(name)
+        if doc is None:
+            if len(served) > 16:  # models come and go: keep a few documents, not all
+                served.clear()
+            raw = orjson.dumps(app.openapi_schema)
+            doc = served[name] = orjson.loads(
+                raw.replace(orjson.dumps(shapes.MODEL_EXAMPLE), orjson.dumps(name))
+            )
+        return doc
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -77,6 +77,18 @@ class ModelCatalog:
             task.add_done_callback(_log_failure)
         return self._external.get(name)
 
+    def example_model(self) -> str:
+        """A model to show in the API document's examples: an internal one first (by name),
+        else an external one, else "" (none known). Never waits; refreshes when stale."""
+        self.external("")
+        internal = sorted(n for n, m in self._models.items() if m.kind != EXTERNAL)
+        return internal[0] if internal else min(self._models, default="")
+
+    def model_label(self, name: str) -> str:
+        """`name` as a metrics label: a model the snapshot knows, else "unknown" (bounded:
+        a client's made-up names never become series). Never waits."""
+        return name if name in self._models or name in self._external else "unknown"
+
     def remember(self, model: router_pb2.ModelInfo) -> None:
         self._models[model.name] = model
         if model.kind == EXTERNAL:

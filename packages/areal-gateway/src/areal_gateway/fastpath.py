@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from areal_gateway.anthropic import endpoint as messages
 from areal_gateway.anthropic.errors import error_response as anthropic_error
 from areal_gateway.auth import Principal, bearer_key
+from areal_gateway.metrics import NO_MODEL, outcome
 from areal_gateway.openai import screen
 from areal_gateway.openai.chat import CHAT, check_chat
 from areal_gateway.openai.completions import COMPLETIONS, check_completion
@@ -92,7 +93,7 @@ class GenerationFastPath:
         self.gateway = gw
         self.enabled = gw is not None and gw.settings.mode == "inference"
         self._children: dict[str, tuple[Any, Any]] = {}
-        self._status: dict[tuple[str, int], Any] = {}
+        self._status: dict[tuple[str, str, str], Any] = {}
         # The size of the last body each session had answered (least recently used dropped):
         # a session's next body, grown by less than the screen's threshold, is its previous
         # conversation plus a turn, and is parsed here like a small one. A long agent session
@@ -134,12 +135,18 @@ class GenerationFastPath:
             children = self._children[label] = (m.inflight.labels(label), m.latency.labels(label))
         return children
 
-    def _count(self, label: str, status: int) -> None:
-        key = (label, status)
+    def _count(
+        self, label: str, status: int, scope: Scope | None = None, started: bool = True
+    ) -> None:
+        key = (
+            (label, *outcome(scope, status, started))
+            if scope is not None
+            else (label, str(status), NO_MODEL)
+        )
         child = self._status.get(key)
         if child is None:
             assert self.gateway is not None
-            child = self._status[key] = self.gateway.metrics.requests.labels(label, str(status))
+            child = self._status[key] = self.gateway.metrics.requests.labels(*key)
         child.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -205,7 +212,7 @@ class GenerationFastPath:
         finally:
             inflight.dec()
             latency.observe(time.perf_counter() - start)
-            self._count(label, status)
+            self._count(label, status, scope, started)
 
     async def _prepare(
         self, endpoint: Endpoint, check: Any, scope: Scope, receive: Receive

@@ -1,7 +1,14 @@
 """Prometheus metrics of the gateway (`GET /metrics`), one registry per app.
 
 `MetricsMiddleware` is a plain ASGI wrapper (no BaseHTTPMiddleware): it counts requests by
-endpoint and status and times them, for every route including errors and streams.
+endpoint, status and model and times them, for every route including errors and streams.
+
+Two outcomes are the gateway's own words, not a status it sent:
+* `status="499"` (`CLIENT_CLOSED`, as nginx counts it): the client went away before any
+  response began; the gateway answered nothing, and nothing failed on its side;
+* `model="unknown"`: a model name the catalog does not know (the label's values are only
+  the registered models, "unknown" and "none" for a request that names no model, so a
+  client cannot grow the series by inventing names).
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CLIENT_CLOSED = 499
+NO_MODEL = "none"
+UNKNOWN_MODEL = "unknown"
+# Where a request's handler leaves what the counters need in its ASGI scope's state.
+_MODEL = "areal_model"
+_GONE = "areal_client_gone"
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -52,6 +66,24 @@ PREFIXES = (
 )
 
 
+def note_model(scope: Scope, label: str) -> None:
+    """The model label of this request (see `model_label`), for its request counter."""
+    scope.setdefault("state", {})[_MODEL] = label
+
+
+def note_client_gone(scope: Scope) -> None:
+    """The client went away: a request that had no response yet counts as 499."""
+    scope.setdefault("state", {})[_GONE] = True
+
+
+def outcome(scope: Scope, status: int, started: bool) -> tuple[str, str]:
+    """(status, model) label values of a finished request."""
+    state = scope.get("state") or {}
+    if not started and state.get(_GONE):
+        status = CLIENT_CLOSED
+    return str(status), state.get(_MODEL, NO_MODEL)
+
+
 def endpoint_label(path: str) -> str:
     label = ENDPOINTS.get(path)
     if label is not None:
@@ -68,8 +100,9 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "areal_gateway_requests_total",
-            "HTTP requests by endpoint and status",
-            ["endpoint", "status"],
+            "HTTP requests by endpoint, status (499: the client went away before any "
+            "response) and model (a registered one, unknown, or none)",
+            ["endpoint", "status", "model"],
             registry=r,
         )
         self.latency = Histogram(
@@ -166,12 +199,14 @@ class MetricsMiddleware:
             inflight = self._inflight[label] = self.metrics.inflight.labels(label)
             self._latency[label] = self.metrics.latency.labels(label)
         status = 500
+        started = False
         start = time.perf_counter()
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
                 status = message["status"]
+                started = True
             await send(message)
 
         inflight.inc()
@@ -180,4 +215,4 @@ class MetricsMiddleware:
         finally:
             inflight.dec()
             self._latency[label].observe(time.perf_counter() - start)
-            self.metrics.requests.labels(label, str(status)).inc()
+            self.metrics.requests.labels(label, *outcome(scope, status, started)).inc()

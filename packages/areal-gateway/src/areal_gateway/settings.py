@@ -77,8 +77,10 @@ class Settings:
     max_idle_connections_per_client: int = field(
         default=256,
         metadata={
-            "help": "idle connections (no request in progress) one client address may hold; "
-            "past it the longest idle is closed"
+            "help": "connections one client address may keep open between requests (past "
+            "it a response says Connection: close: never is a connection closed that may carry "
+            "a request), and connections that have sent nothing it may hold (past it those "
+            "silent for 2 s are closed)"
         },
     )
     proxy_streams: bool = field(
@@ -170,6 +172,20 @@ def check_response_store(path: str) -> None:
         ) from None
 
 
+# --help names every variable the gateway reads (secrets are never flags: a flag shows in
+# `ps`). argparse rewraps this text; each sentence stands on its own.
+DESCRIPTION = (
+    "areal gateway: OpenAI API and admin API over the router and data proxies. "
+    f"Environment: {ADMIN_KEY_ENV} the admin API key (required; clients that use it may "
+    f"call every endpoint). {TOKEN_ENV} the token the service's components present to each "
+    f"other (the same in all of them). {SESSION_KEY_SECRET_ENV} signs session keys (at least "
+    f"{MIN_SECRET_CHARS} characters; unset: a random one, and session keys die with the "
+    "process). AREAL_TLS_CA, AREAL_TLS_CERT, AREAL_TLS_KEY: TLS between the components "
+    "(all three or none). OTEL_* (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, ...): "
+    f"OpenTelemetry tracing. {ENV_PREFIX}<FLAG> sets any flag below (shown with each)."
+)
+
+
 def load_settings(argv: Sequence[str] | None = None) -> Settings:
     """Flags > AREAL_GATEWAY_* > defaults; secrets from the environment only."""
     settings = parse_settings(
@@ -178,7 +194,7 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
         prog=PROG,
         env_prefix=ENV_PREFIX,
         version=__version__,
-        description="areal gateway: OpenAI API and admin API over the router and data proxies",
+        description=DESCRIPTION,
     )
     return dataclasses.replace(
         settings,

@@ -79,6 +79,23 @@ class ProxyState:
     retired: bool = False
 
 
+def _in_own_words(err: ServiceError) -> ServiceError:
+    """A generation's `engine_error` as its client is told it. The engine's own words (a
+    grammar matcher's assertion, the last line of a Python traceback, its URL) mean nothing
+    to a client and may show the inside of the service: the client is told what failed and
+    what to do; `_fail` logs the words. (A control call's error, such as a checkpoint the
+    engine could not load, keeps them: its caller is the operator.)"""
+    if err.code != "engine_error" or err.http_status < 500:
+        return err
+    return error_for(
+        err.http_status,
+        "The engine serving this model failed while generating the answer; send the request "
+        "again (the proxy's log has the engine's error).",
+        type="api_error",
+        code="engine_error",
+    )
+
+
 def _service_error(exc: BaseException) -> ServiceError:
     if isinstance(exc, ServiceError):
         return exc
@@ -236,7 +253,7 @@ class ProxyServicer(
         finally:
             self._exit(rpc, started)
         self._fail(rpc, request, err)
-        return err
+        return _in_own_words(err)
 
     async def _unary(
         self,

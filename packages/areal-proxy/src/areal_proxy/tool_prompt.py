@@ -73,19 +73,74 @@ def tool_section(tools: list[dict[str, Any]], parser: str) -> str:
     call = _CALL_FORMATS[parser]
     listed = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
     first = tools[0].get("function", tools[0])
-    example = call(json.dumps(first.get("name", "")), json.dumps(_example_args(first)))
+    example = call(json.dumps(first.get("name", "")), _unquoted(json.dumps(_example_args(first))))
     return (
         "You can call these tools, given as JSON schemas:\n"
         f"<tools>\n{listed}\n</tools>\n"
         "To call a tool, reply with only the call, for example:\n"
         f"{example}\n"
+        "In a call, write each argument's real value for this request where the example "
+        "shows its type (<string>, <integer> and so on).\n"
         "Once a tool has answered, reply to the user in plain text."
     )
 
 
+def _unquoted(example: str) -> str:
+    """The type markers written bare (`"age": <integer>`): not a JSON value, so a call
+    constrained to JSON cannot copy one as it stands, and a model reads it as a slot."""
+    for marker in _MARKERS:
+        example = example.replace(json.dumps(marker), marker)
+    return example
+
+
 def _example_args(function: dict[str, Any]) -> dict[str, Any]:
-    props = (function.get("parameters") or {}).get("properties") or {}
-    return {k: "..." for k in props} if isinstance(props, dict) else {}
+    """The example call's arguments: each parameter's own example value where its schema
+    gives one (`examples`, `example`, `default`, `enum`, `const`), else its type in angle
+    brackets (written bare, `_unquoted`). A placeholder that reads as a value ("...") was
+    copied into forced calls as it stood (SmolLM2: `{"name": "...", "country": "..."}`),
+    where the same schema as a `response_format` got real values."""
+    params = function.get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    if not isinstance(props, dict):
+        return {}
+    return {k: _example_value(v, 0) for k, v in props.items()}
+
+
+_TYPE_WORDS = {
+    "string": "<string>",
+    "integer": "<integer>",
+    "number": "<number>",
+    "boolean": "<true or false>",
+    "null": None,
+}
+_MARKERS = ("<string>", "<integer>", "<number>", "<true or false>", "<value>")
+
+
+def _example_value(schema: Any, depth: int) -> Any:
+    if not isinstance(schema, dict):
+        return "<value>"
+    examples = schema.get("examples")
+    if isinstance(examples, list) and examples:
+        return examples[0]
+    for key in ("example", "default", "const"):
+        if key in schema:
+            return schema[key]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" and depth < 2:
+        props = schema.get("properties")
+        if isinstance(props, dict) and props:
+            return {k: _example_value(v, depth + 1) for k, v in props.items()}
+        return {}
+    if kind == "array" and depth < 2:
+        return [_example_value(schema.get("items"), depth + 1)]
+    if kind in _TYPE_WORDS:
+        return _TYPE_WORDS[kind]
+    return "<value>"
 
 
 def with_tools(

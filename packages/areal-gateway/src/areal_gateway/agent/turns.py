@@ -40,6 +40,7 @@ from areal_gateway.agent.common import (
 )
 from areal_gateway.agent.shapes import ChatShape, ResponsesShape, agent_error, session_of_response
 from areal_gateway.auth import Principal
+from areal_gateway.metrics import note_client_gone, note_model
 from areal_gateway.openai.errors import bad_request, error_body
 from areal_gateway.openai.forward import parse_bounded, read_body, request_id
 from areal_gateway.openai.sse import SSE_HEADERS
@@ -100,6 +101,7 @@ class TurnResponse(Response):
         self._headers_sent = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        note_model(scope, self.gw.catalog.model_label(self.model))
         work = asyncio.ensure_future(self._run(send))
         watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -114,6 +116,7 @@ class TurnResponse(Response):
                 work.result()
                 return
             work.cancel()
+            note_client_gone(scope)
             log.info("turn %s (session %s): client gone, turn cancelled", self.rid, self.session_id)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
+from areal_gateway.clients.redact import public, redact
 from areal_runtime import tls
 from areal_runtime.errors import (
     ERROR_METADATA_KEY,
@@ -16,6 +18,8 @@ from areal_runtime.errors import (
     UpstreamError,
     from_rpc_error,
 )
+
+log = logging.getLogger(__name__)
 
 # Seconds for router calls (routing, registry): these are cheap and never generate.
 ROUTER_TIMEOUT = 10.0
@@ -43,7 +47,11 @@ class ProxyUnreachable(Unavailable):
     The gateway's own finding, never sent over gRPC (a client sees a plain `Unavailable`)."""
 
     def __init__(self, address: str, detail: str) -> None:
-        super().__init__(f"proxy {address} is unreachable: {detail}", code="proxy_unreachable")
+        # The address is for the log and the retry, never for the client's message.
+        super().__init__(
+            f"A replica of the model could not be reached ({redact(detail)}); retry the request.",
+            code="proxy_unreachable",
+        )
         self.address = address
 
 
@@ -59,15 +67,23 @@ def proxy_error(exc: grpc.RpcError, address: str, *, started: bool) -> ServiceEr
     `ProxyUnreachable`, retryable on another replica.
 
     The decision is the caller's knowledge of what it sent, plus the status code: never
-    grpc's wording of the failure, which differs between versions and transports."""
+    grpc's wording of the failure, which differs between versions and transports. Its
+    message names no internal address (redact.py); the log keeps it."""
+    source = f"proxy {address}"
     if _has_detail(exc):
-        return from_rpc_error(exc, target="proxy")
+        return public(from_rpc_error(exc, target="proxy"), source)
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     if code == grpc.StatusCode.UNAVAILABLE:
+        details = exc.details() or "unavailable"
         if not started:
-            return ProxyUnreachable(address, exc.details() or "connection failed")
-        return UpstreamError(f"proxy {address} failed: {exc.details() or 'unavailable'}")
-    return from_rpc_error(exc, target=f"proxy {address}")
+            log.warning("%s unreachable: %s", source, details)
+            return ProxyUnreachable(address, "connection failed")
+        log.warning("%s failed mid-request: %s", source, details)
+        return UpstreamError(
+            "The model's replica failed during the request (its connection was lost); retry "
+            "the request."
+        )
+    return public(from_rpc_error(exc, target="proxy"), source)
 
 
 async def ensure_connected(

@@ -92,7 +92,11 @@ def _deadline(timeout_s: float | None) -> float:
 
 
 def _timeout(address: str) -> ServiceError:
-    return UpstreamTimeout(f"proxy {address} did not answer before the deadline")
+    log.warning("proxy %s did not answer before the deadline", address)
+    return UpstreamTimeout(
+        "The model's replica did not answer before the request's deadline; retry it, or give "
+        "it a longer timeout."
+    )
 
 
 class _Waiter:
@@ -234,7 +238,11 @@ class GenerateStream:
                 waiter.fail(ProxyUnreachable(self.address, "it closed the stream unread"))
             else:
                 waiter.fail(
-                    error or UpstreamError(f"proxy {self.address} closed the stream mid-request")
+                    error
+                    or UpstreamError(
+                        "The model's replica closed the connection during the request; retry "
+                        "the request."
+                    )
                 )
         if error is not None:
             log.warning("stream to proxy %s ended: %s", self.address, error.message)
@@ -493,7 +501,8 @@ class ProxyClient:
         except orjson.JSONDecodeError:
             status = None
         if not isinstance(status, dict):
-            raise UpstreamError(f"proxy {self.address} sent a session status that is no object")
+            log.warning("proxy %s sent a session status that is no object", self.address)
+            raise UpstreamError("The session's replica sent a malformed status; retry.")
         return status
 
     async def export(

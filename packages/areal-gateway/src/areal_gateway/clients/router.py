@@ -13,6 +13,7 @@ from areal_gateway.clients.common import (
     ROUTER_TIMEOUT,
     open_channel,
 )
+from areal_gateway.clients.redact import public
 from areal_proto.router.v1 import router_pb2, router_pb2_grpc
 from areal_runtime import tracing
 from areal_runtime.auth import call_metadata
@@ -72,7 +73,7 @@ def router_error(exc: grpc.RpcError, *, waited: bool = False) -> ServiceError:
             detail = exc.details() if hasattr(exc, "details") else str(exc)
             log.warning("router unreachable: %s", detail)
             return RouterUnreachable(detail or code.name)
-    return from_rpc_error(exc, target="router")
+    return public(from_rpc_error(exc, target="router"), "router")
 
 
 class RouterClient:
@@ -182,7 +183,9 @@ class RouterClient:
             )
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise from_rpc_error(exc, target="router") from None
+                raise public(
+                    from_rpc_error(exc, target="router"), f"router {self.address}"
+                ) from None
             await self._register_one_by_one(proxies)
             return list(proxies), []
         finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 from areal_gateway.clients import ProxyClient
 from areal_gateway.openai.forward import Endpoint
+from areal_gateway.prefix import check_hashed
 from areal_runtime.openai import messages_of
 
 CHAT = Endpoint(
@@ -23,4 +24,6 @@ CHAT = Endpoint(
 
 
 def check_chat(doc: dict[str, Any]) -> None:
-    messages_of(doc)
+    # What cache-aware routing hashes is checked here, with the body's other checks (in the
+    # screen too, for a huge body): a bad field is a 400 naming it, whatever the key.
+    check_hashed(messages_of(doc))

@@ -31,6 +31,7 @@ from areal_gateway.clients import (
     ProxyUnreachable,
     generation_request,
 )
+from areal_gateway.metrics import note_client_gone, note_model
 from areal_gateway.openai.errors import bad_request, error_body
 from areal_gateway.openai.sse import DONE, SSE_HEADERS, error_frame, frames
 from areal_gateway.prefix import prefix_hashes
@@ -268,10 +269,14 @@ class GenerationResponse(Response):
             if not gone:
                 raise
             task.uncancel()
+            note_client_gone(scope)
             self.gw.metrics.disconnects.labels(self.endpoint.label).inc()
             log.info("request %s: client disconnected, generation cancelled", self.request_id)
         finally:
             watcher.cancel()
+            # At the end: by now the catalog has been asked about this model (a first request
+            # to a new gateway is not counted "unknown" for a snapshot not fetched yet).
+            note_model(scope, self.gw.catalog.model_label(self.model))
 
     # -- sending --
     async def _send_error(self, send: Send, err: ServiceError) -> None:

@@ -16,6 +16,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The example bodies' model (Swagger UI's "Try it out" sends the example as it is): what a
+# gateway serves is not known when this is written, so GET /openapi.json puts a model of the
+# catalog in its place (apidoc.py); with none registered yet, this name says where to look.
+MODEL_EXAMPLE = "MODEL_FROM_GET_/v1/models"
+_HI = [{"role": "user", "content": "Say hello in five words."}]
+
+
+def _examples(*bodies: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": list(bodies)})
+
+
+def _model(description: str = "a served model (GET /v1/models)") -> Any:
+    return Field(description=description, examples=[MODEL_EXAMPLE])
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -39,7 +53,8 @@ class ChatMessage(_Open):
 class ChatCompletionRequest(_Open):
     """`POST /v1/chat/completions`: OpenAI's chat body; other fields go to the engine."""
 
-    model: str = Field(description="a served model (GET /v1/models)")
+    model_config = _examples({"model": MODEL_EXAMPLE, "messages": _HI, "max_tokens": 32})
+    model: str = _model()
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -73,7 +88,8 @@ class CompletionRequest(_Open):
     """`POST /v1/completions`: OpenAI's legacy completion body; other fields go to the
     engine."""
 
-    model: str
+    model_config = _examples({"model": MODEL_EXAMPLE, "prompt": "Once upon a", "max_tokens": 16})
+    model: str = _model()
     prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
@@ -102,7 +118,10 @@ class CreateResponseRequest(_Closed):
     """`POST /v1/responses`: translated onto the chat path (docs/services.md, "Responses
     API"); a field not listed here is a 400 `unsupported_parameter`."""
 
-    model: str
+    model_config = _examples(
+        {"model": MODEL_EXAMPLE, "input": "Say hello in five words.", "max_output_tokens": 32}
+    )
+    model: str = _model()
     input: str | list[dict[str, Any]] | None = Field(
         default=None,
         description="a string (one user message) or input items: message, function_call, "
@@ -196,7 +215,7 @@ class AnthropicMessage(_Open):
 
 
 class _MessagesBody(_Closed):
-    model: str
+    model: str = _model()
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     stream: bool = False
@@ -227,6 +246,7 @@ class _MessagesBody(_Closed):
 class MessagesRequest(_MessagesBody):
     """`POST /v1/messages`: Anthropic's Messages body (key as `x-api-key` or a bearer)."""
 
+    model_config = _examples({"model": MODEL_EXAMPLE, "messages": _HI, "max_tokens": 32})
     max_tokens: int = Field(ge=1)
 
 
@@ -234,6 +254,7 @@ class CountTokensRequest(_MessagesBody):
     """`POST /v1/messages/count_tokens`: a Messages body (`max_tokens` not needed), counted
     with the model's own chat template and tokenizer; nothing is generated or recorded."""
 
+    model_config = _examples({"model": MODEL_EXAMPLE, "messages": _HI})
     max_tokens: int | None = Field(default=None, ge=1)
 
 
