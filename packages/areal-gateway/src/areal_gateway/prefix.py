@@ -24,6 +24,7 @@ import orjson
 
 from areal_runtime.openai.fields import bad
 from areal_runtime.openai.messages import prefix_hashes as message_prefixes
+from areal_runtime.openai.requests import check_tool_calls
 
 MAX_PREFIXES = 32
 TEXT_STEP = 256
@@ -60,21 +61,6 @@ def _check_parts(parts: list[Any], param: str) -> None:
                 raise bad(f"a {kind!r} content part needs a string", f"{p}.{key}")
 
 
-def _check_calls(calls: Any, param: str) -> None:
-    if not isinstance(calls, list):
-        raise bad("'tool_calls' must be a list", param)
-    for k, call in enumerate(calls):
-        p = f"{param}[{k}]"
-        if not isinstance(call, dict):
-            raise bad("a tool call must be an object", p)
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad("a tool call needs 'function' with a string 'name'", f"{p}.function")
-        args = fn.get("arguments")
-        if args is not None and not isinstance(args, (str, dict)):
-            raise bad("'arguments' must be a JSON string", f"{p}.function.arguments")
-
-
 def check_hashed(messages: list[Any]) -> None:
     """The fields `prefix_hashes` reads of the messages it hashes, with the protocol's words
     (areal_runtime.openai.requests), or InvalidRequest (400) naming the first bad one."""
@@ -90,7 +76,7 @@ def check_hashed(messages: list[Any]) -> None:
         elif content is not None and not isinstance(content, str):
             raise bad("'content' must be a string or a list of content parts", f"{p}.content")
         if m.get("tool_calls") is not None:
-            _check_calls(m["tool_calls"], f"{p}.tool_calls")
+            check_tool_calls(m["tool_calls"], f"{p}.tool_calls")
 
 
 def prefix_hashes(doc: dict[str, Any]) -> list[int]:

@@ -101,7 +101,9 @@ def _text_of_parts(parts: list[Any], param: str) -> str:
     return "\n".join(texts)
 
 
-def _tool_calls(calls: Any, param: str) -> None:
+def check_tool_calls(calls: Any, param: str) -> None:
+    """A message's `tool_calls` as the protocol shapes them, or InvalidRequest naming the
+    first bad one (the gateway's prefix hashing checks with it too)."""
     if not isinstance(calls, list):
         raise bad("'tool_calls' must be a list", param)
     for k, call in enumerate(calls):
@@ -167,7 +169,7 @@ def _messages(d: dict[str, Any]) -> list[dict[str, Any]]:
         # tool message with `"tool_calls": 5`) was a 500 for a session key, whose requests
         # are recorded, but a 400 for the admin key's unrecorded ones.
         if m.get("tool_calls") is not None:
-            _tool_calls(m["tool_calls"], f"{p}.tool_calls")
+            check_tool_calls(m["tool_calls"], f"{p}.tool_calls")
         elif role == "assistant" and content is None:
             raise bad("an assistant message needs 'content' or 'tool_calls'", f"{p}.content")
         if (name := m.get("name")) is not None and not isinstance(name, str):
