@@ -29,7 +29,7 @@ from gateway_overhead import cpu_seconds, run_load  # noqa: E402
 from stack import ADMIN_KEY, Stack, launch, start_stack  # noqa: E402
 
 from areal_cli import supervisor  # noqa: E402
-from areal_proxy.recording.model import Interaction  # noqa: E402
+from areal_proxy.common.records import Interaction  # noqa: E402
 from areal_proxy.recording.sessions import SessionBook  # noqa: E402
 from areal_proxy.recording.store import Store  # noqa: E402
 from areal_runtime.session_keys import mint_key, new_id  # noqa: E402

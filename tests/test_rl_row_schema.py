@@ -29,8 +29,8 @@ from areal_client.spans import prompt_hash, uncertified_spans
 from areal_client.types import ExportResult, Trajectory
 from areal_gateway.app import api_routers
 from areal_gateway.schemas import TrajectoryRow
+from areal_proxy.common.records import Interaction, Session
 from areal_proxy.recording import export
-from areal_proxy.recording.model import Interaction, Session
 
 SCHEMA_PATH: Path = ROOT / "proto" / "rl_row.schema.json"
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())

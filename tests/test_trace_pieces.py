@@ -1,6 +1,6 @@
 """The CLI's stdlib token pieces (areal_cli.inf.trace_pieces, for `areal inf trace`) are the
 data proxy's: for every id of each model's tokenizer, the same bytes as
-`areal_proxy.tokenizer.ModelTokenizer.token_bytes`, which reads the vocabulary with the
+`areal_proxy.common.tokenizer.ModelTokenizer.token_bytes`, which reads the vocabulary with the
 `tokenizers` library."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from testpaths import PARROT, RANDOM
 
 from areal_cli.inf.trace_pieces import Pieces
-from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.common.tokenizer import ModelTokenizer
 
 
 def _folders():

@@ -20,8 +20,8 @@ import httpx
 import openai
 from stack import ADMIN_KEY, Proc, Stack
 
-from areal_proxy.chat_template import PromptBuilder
-from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.common.tokenizer import ModelTokenizer
+from areal_proxy.prompt.chat_template import PromptBuilder
 
 FALLBACK_REASONS = (
     "new_conversation",

@@ -74,7 +74,7 @@ def test_a_huge_prompt_is_refused_by_the_screens_and_the_stack_serves_on(stack) 
     assert "at least" in msg, msg
     assert "context length is 2048" in msg or "fewer than 2042 tokens" in msg, msg
     gateway_screen = _screen(stack.gateway.popen.pid, "areal_gateway.openai.screen:make")
-    proxy_screen = _screen(stack.proxies[0].popen.pid, "areal_proxy.screen:make")
+    proxy_screen = _screen(stack.proxies[0].popen.pid, "areal_proxy.prompt.fit_screen:make")
     assert gateway_screen is not None, _children(stack.gateway.popen.pid)
     assert proxy_screen is not None, _children(stack.proxies[0].popen.pid)
     # The same answer for a stream, and a small chat right after, through the openai SDK.
@@ -125,7 +125,7 @@ def test_the_screens_end_with_their_service(sglang_engine, tmp_path) -> None:
         assert r.status_code == 400
         screens = [
             _screen(s.gateway.popen.pid, "areal_gateway.openai.screen:make"),
-            _screen(s.proxies[0].popen.pid, "areal_proxy.screen:make"),
+            _screen(s.proxies[0].popen.pid, "areal_proxy.prompt.fit_screen:make"),
         ]
         assert None not in screens
     finally:

@@ -1,7 +1,7 @@
 """Agent frameworks on a real instruct model: SmolLM2-135M-Instruct behind a real stack
 (router, gateway, data proxy, SGLang on the CPU). The proxy is started without
 --tool-call-parser: SmolLM2's chat template does not render `tools`, so the proxy writes them
-into the prompt in hermes' format and parses hermes calls (areal_proxy/tool_prompt.py).
+into the prompt in hermes' format and parses hermes calls (areal_proxy/prompt/tool_prompt.py).
 
 - `openai-agents`' default Runner (its Responses model, `/v1/responses`) completes a tool
   loop: the first turn's `tool_choice="required"` is enforced by constrained decoding, the

@@ -24,7 +24,7 @@ from stack import ADMIN_KEY, Stack, metric, start_stack
 from testpaths import PARROT
 from tokenizers import Tokenizer
 
-from areal_proxy.multiplex import QUEUE_LIMIT
+from areal_proxy.serving.multiplex import QUEUE_LIMIT
 
 pytestmark = pytest.mark.engine
 MODEL = "tiny-parrot"

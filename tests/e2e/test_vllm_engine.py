@@ -20,7 +20,7 @@ from testpaths import PARROT, RANDOM, VLLM_TEST_CONTEXT
 from areal_proxy.engine import EngineError, GenerationRequest
 from areal_proxy.engine.base import collect
 from areal_proxy.engine.vllm import VLLMClient
-from areal_proxy.generation import GenerationController
+from areal_proxy.generation.controller import GenerationController
 
 pytestmark = pytest.mark.engine
 

@@ -16,6 +16,7 @@ import orjson
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.common.v1.envelope_pb2 import ErrorDetail
 from areal_proto.proxy.v1 import proxy_pb2_grpc
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.engine.base import (
     EngineError,
     GenerationChunk,
@@ -23,10 +24,9 @@ from areal_proxy.engine.base import (
     GenerationResult,
     collect,
 )
-from areal_proxy.generation import GenerationRecord
+from areal_proxy.generation.controller import GenerationRecord
 from areal_proxy.server import ProxyServer, create_server
 from areal_proxy.settings import Settings
-from areal_proxy.tokenizer import ModelTokenizer
 
 PARROT = Path(__file__).resolve().parents[3] / "models" / "tiny-parrot"
 EOS = 2

@@ -16,9 +16,9 @@ from test_proxy_sessions import ADMIN, _export, _group
 
 from areal_client.spans import prompt_hash, uncertified_spans
 from areal_proto.proxy.v1 import proxy_pb2
+from areal_proxy.common.records import Interaction, Session
 from areal_proxy.recording import chains
 from areal_proxy.recording.export import rows as export_rows
-from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.spans import pack_ids
 from areal_proxy.recording.spans import prompt_hash as proxy_prompt_hash

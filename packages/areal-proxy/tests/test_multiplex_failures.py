@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.metrics import ProxyMetrics
-from areal_proxy.multiplex import GenerateStream
+from areal_proxy.serving.metrics import ProxyMetrics
+from areal_proxy.serving.multiplex import GenerateStream
 
 
 class _Context:
@@ -39,7 +39,7 @@ async def test_a_failing_reader_is_logged_not_swallowed(caplog):
         raise ValueError("reader bug")
 
     stream = GenerateStream(_Servicer(), _Context())  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="areal_proxy.multiplex"):
+    with caplog.at_level(logging.WARNING, logger="areal_proxy.serving.multiplex"):
         await stream.run(frames())
     assert "reader bug" in caplog.text, "a bug in the reader ended the stream silently"
 

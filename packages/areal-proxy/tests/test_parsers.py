@@ -8,7 +8,7 @@ import re
 import pytest
 from test_parsers_cases import CASES, TOOLS
 
-from areal_proxy.parsers import (
+from areal_proxy.output.parsers import (
     ContentDelta,
     OutputParser,
     ParsedOutput,
@@ -21,8 +21,8 @@ from areal_proxy.parsers import (
     register_tool_parser,
     tool_parser_names,
 )
-from areal_proxy.parsers.reasoning import ReasoningParser
-from areal_proxy.parsers.tool_base import Region
+from areal_proxy.output.parsers.reasoning import ReasoningParser
+from areal_proxy.output.parsers.tool_base import Region
 
 CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 

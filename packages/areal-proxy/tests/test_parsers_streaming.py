@@ -8,7 +8,7 @@ import random
 import pytest
 from test_parsers_cases import CASES, TOOLS
 
-from areal_proxy.parsers import (
+from areal_proxy.output.parsers import (
     ContentDelta,
     OutputParser,
     ParsedOutput,

@@ -20,12 +20,12 @@ import pytest
 from proxy_fakes import PARROT
 from tokenizers import AddedToken, Tokenizer
 
-from areal_proxy.chat_template import PromptBuilder
+from areal_proxy.common.records import Interaction
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.prompt.boundary import Specials, TurnEnd
+from areal_proxy.prompt.chat_template import PromptBuilder
 from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
 from areal_proxy.prompt.state import PromptState
-from areal_proxy.recording.model import Interaction
-from areal_proxy.tokenizer import ModelTokenizer
 
 RANDOM = PARROT.parent / "tiny-random"
 

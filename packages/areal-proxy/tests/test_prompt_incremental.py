@@ -18,12 +18,12 @@ import pytest
 from proxy_fakes import PARROT
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong
+from areal_proxy.common.records import Interaction
+from areal_proxy.common.tokenizer import ModelTokenizer
+from areal_proxy.prompt.chat_template import PromptBuilder, PromptTooLong
 from areal_proxy.prompt.cuts import Cuts
 from areal_proxy.prompt.incremental import Previous, SessionPrompts
 from areal_proxy.prompt.state import CachedTurn, TurnCache
-from areal_proxy.recording.model import Interaction
-from areal_proxy.tokenizer import ModelTokenizer
 
 WORDS = [
     "alpha",

@@ -17,7 +17,7 @@ from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import JSON_MAX_WHITESPACE, GenerationRequest
 from areal_proxy.engine.sglang import _payload as sglang_payload
 from areal_proxy.engine.vllm import _payload as vllm_payload
-from areal_proxy.forced_tools import Scaffold, forced_constraint
+from areal_proxy.inference.forced_tools import Scaffold, forced_constraint
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 52), EOS]

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from proxy_fakes import EOS, FakeEngineClient, error_detail, start
 
-from areal_proxy.structured_json import check, engine_schema
+from areal_proxy.output.structured_json import check, engine_schema
 from areal_runtime.errors import InvalidRequest
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -354,7 +354,7 @@ class _InTransitEngine(FakeEngineClient):
 @pytest.mark.parametrize("stream", [True, False])
 async def test_tokens_read_after_a_weight_update_keep_the_version_that_made_them(stream):
     from areal_proxy.engine.base import GenerationRequest
-    from areal_proxy.generation import GenerationController
+    from areal_proxy.generation.controller import GenerationController
 
     engine = _InTransitEngine(SEQ)
     controller = GenerationController(engine)

@@ -12,7 +12,7 @@ from proxy_fakes import EOS, FakeEngineClient, start
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.recording.model import Interaction
+from areal_proxy.common.records import Interaction
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
 from areal_runtime.session_keys import mint_key, new_id

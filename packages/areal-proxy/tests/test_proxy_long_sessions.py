@@ -13,7 +13,7 @@ import pytest
 from proxy_fakes import EOS, FakeEngineClient, start
 
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.chat_template import PromptBuilder
+from areal_proxy.prompt.chat_template import PromptBuilder
 from areal_proxy.prompt.incremental import FALLBACK_REASONS
 from areal_runtime.session_keys import mint_key, new_id
 

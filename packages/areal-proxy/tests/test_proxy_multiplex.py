@@ -13,7 +13,7 @@ from proxy_fakes import EOS, FakeEngineClient, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import EngineError
-from areal_proxy.multiplex import QUEUE_LIMIT
+from areal_proxy.serving.multiplex import QUEUE_LIMIT
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 60), EOS]

@@ -17,7 +17,7 @@ import pytest
 from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
+from areal_proxy.common.tokenizer import ModelTokenizer, PromptTooLong
 from areal_runtime.session_keys import mint_key, new_id
 
 

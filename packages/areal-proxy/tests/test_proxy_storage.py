@@ -21,7 +21,7 @@ from proxy_fakes import EOS, FakeEngineClient, error_detail, start
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy.recording.model import Interaction, Session
+from areal_proxy.common.records import Interaction, Session
 from areal_proxy.recording.store import Store
 from areal_runtime.errors import StorageFull
 from areal_runtime.session_keys import mint_key, new_id

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from proxy_fakes import PARROT
 
-from areal_proxy.chat_template import ChatTemplate, PromptBuilder, TemplateError
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.engine import make_engine_client
 from areal_proxy.engine.sglang import SGLangClient
+from areal_proxy.output.stop_strings import StopChecker, truncate_at_stop
+from areal_proxy.prompt.chat_template import ChatTemplate, PromptBuilder, TemplateError
 from areal_proxy.settings import load_settings
-from areal_proxy.stop_strings import StopChecker, truncate_at_stop
-from areal_proxy.tokenizer import ModelTokenizer
 
 MULTIBYTE = "héllo 你好 🌍 ok ñ€𝄞!"
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from areal_proxy.recording.concat import continue_tokens
+from areal_proxy.common.records import Interaction, Session
+from areal_proxy.prompt.concat import continue_tokens
 from areal_proxy.recording.export import concat_rows, discounted_rewards, individual_rows
 from areal_proxy.recording.lineage import Lineage
-from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
 from areal_runtime.errors import ServiceError
@@ -135,8 +135,8 @@ def test_concat_rows_shift_each_turns_replicas_to_its_output():
 
 async def test_a_recorded_turn_names_this_proxy_for_its_own_engines_tokens(tmp_path):
     from areal_proto.common.v1.envelope_pb2 import Envelope
-    from areal_proxy.generation import GenerationRecord
-    from areal_proxy.recorder import Recorder
+    from areal_proxy.generation.controller import GenerationRecord
+    from areal_proxy.recording.recorder import Recorder
 
     book = SessionBook(Store(tmp_path / "r.db"), proxy_id="p1")
     sid = new_id("sess")
@@ -163,7 +163,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
         import os, signal, sys
         sys.path[:0] = {sys.path!r}
         from areal_proxy.recording.store import Store
-        from areal_proxy.recording.model import Session, Interaction
+        from areal_proxy.common.records import Session, Interaction
         st = Store({str(db)!r})
         st.add_sessions([Session("s1", "g", "t", "h", "m", 1.0, 1.0)])
         st.add_interaction(Interaction("i0", "s1", 0, [], "x", [1, 2], [3], [-0.1], [0], "stop"))

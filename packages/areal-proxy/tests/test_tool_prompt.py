@@ -13,9 +13,9 @@ import pytest
 from proxy_fakes import EOS, PARROT, FakeEngineClient, error_detail, start
 
 from areal_proto.proxy.v1 import proxy_pb2
-from areal_proxy import tool_prompt
-from areal_proxy.chat_template import ChatTemplate, ToolsNotRendered
-from areal_proxy.parsers import OutputParser
+from areal_proxy.output.parsers import OutputParser
+from areal_proxy.prompt import tool_prompt
+from areal_proxy.prompt.chat_template import ChatTemplate, ToolsNotRendered
 
 # SmolLM2-135M-Instruct's chat template, as shipped: ChatML that never looks at `tools`.
 SMOL_TEMPLATE = (

@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind
 from areal_proxy.engine import EngineError, GenerationRequest
 from areal_proxy.engine.sglang import SGLangClient
 from areal_proxy.engine.vllm import VLLMClient
-from areal_proxy.generation import GenerationController
+from areal_proxy.generation.controller import GenerationController
 from areal_runtime import tracing
 
 CLIENTS = {"sglang": SGLangClient, "vllm": VLLMClient}

@@ -13,22 +13,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from areal_proxy import __version__
-from areal_proxy.chat_template import PromptBuilder
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.engine import make_engine_client
 from areal_proxy.engine.base import EngineClient
-from areal_proxy.engine_health import EngineHealth
-from areal_proxy.generation import GenerationController
+from areal_proxy.generation.controller import GenerationController
+from areal_proxy.generation.migration import Migrator
 from areal_proxy.inference import InferenceConfig, InferenceHandler
-from areal_proxy.metrics import ProxyMetrics
-from areal_proxy.migration import Migrator
-from areal_proxy.output_parsing import check_parsers
-from areal_proxy.recorder import Recorder
+from areal_proxy.output.parsing import check_parsers
+from areal_proxy.prompt.chat_template import PromptBuilder
+from areal_proxy.recording.recorder import Recorder
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
-from areal_proxy.retirement import drain
-from areal_proxy.service import ProxyServicer, ProxyState, add_to_server
+from areal_proxy.serving.engine_health import EngineHealth
+from areal_proxy.serving.metrics import ProxyMetrics
+from areal_proxy.serving.retirement import drain
+from areal_proxy.serving.service import ProxyServicer, ProxyState, add_to_server
 from areal_proxy.settings import Settings
-from areal_proxy.tokenizer import ModelTokenizer
 from areal_runtime import tls, tracing
 from areal_runtime.auth import server_interceptors
 from areal_runtime.offload import Offload
@@ -112,7 +112,7 @@ class ProxyServer:
         # Huge prompts that cannot fit are found by a child process (screen.py), started
         # when the first one arrives.
         self.screen = Offload(
-            "areal_proxy.screen:make",
+            "areal_proxy.prompt.fit_screen:make",
             {
                 "tokenizer_path": str(settings.tokenizer_path),
                 "template_type": settings.chat_template_type,

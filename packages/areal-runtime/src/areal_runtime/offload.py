@@ -4,7 +4,7 @@ A service's event loop serves streams, health and stats; a thread pool does not 
 from work that holds the GIL (parsing a JSON body of megabytes, building a token list of
 millions). `Offload` runs such work in one child process of its own, started on first use:
 
-    screen = Offload("areal_proxy.screen:make", {"tokenizer": path}, name="proxy-screen")
+    screen = Offload("areal_proxy.prompt.fit_screen:make", {"tokenizer": path}, name="proxy-screen")
     answer = await screen.call(b"c", body)      # bytes in (joined), bytes out
     await screen.close()
 

@@ -4,7 +4,7 @@ the standard library alone.
 The CLI does not depend on `tokenizers` / `transformers` (their import and install cost would
 fall on every `areal` command), and a trace needs no encoder: only each id's vocabulary entry
 and the decoder's rule for turning it back into bytes. The rules are the data proxy's own
-(`areal_proxy.tokenizer.ModelTokenizer.token_bytes`, which tests/test_trace_pieces.py holds
+(`areal_proxy.common.tokenizer.ModelTokenizer.token_bytes`, which tests/test_trace_pieces.py holds
 this module to): byte-level BPE maps a printable alphabet back to bytes; byte fallback spells
 a byte as `<0xNN>`; SentencePiece marks a space with `▁`. Special tokens are their content.
 """

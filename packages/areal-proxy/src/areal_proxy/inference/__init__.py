@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
-from areal_proxy.generation import GenerationRecord
+from areal_proxy.generation.controller import GenerationRecord
 from areal_proxy.inference import chat, completion, count
 from areal_proxy.inference.core import FALLBACK_MAX_TOKENS, InferenceConfig, InferenceCore
 

@@ -9,10 +9,10 @@ from contextlib import aclosing
 import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
-from areal_proxy import openai_response as out
-from areal_proxy.generation import GenerationRecord
+from areal_proxy.generation.controller import GenerationRecord
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
-from areal_proxy.recorder import OpenTurn
+from areal_proxy.output import openai_response as out
+from areal_proxy.recording.recorder import OpenTurn
 from areal_runtime.openai import CompletionRequest
 
 

@@ -17,23 +17,28 @@ from typing import Any, TypeVar
 import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
-from areal_proxy import openai_response as out
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.engine import refusals
 from areal_proxy.engine.base import EngineError, GenerationRequest
-from areal_proxy.forced_tools import Scaffold, forced_constraint
-from areal_proxy.generation import GenerationController, GenerationRecord, Step
+from areal_proxy.generation.controller import GenerationController, GenerationRecord, Step
 from areal_proxy.inference.choices import all_of, merged
-from areal_proxy.output_parsing import NO_PARSER
+from areal_proxy.inference.forced_tools import Scaffold, forced_constraint
+from areal_proxy.output import openai_response as out
+from areal_proxy.output.parsing import NO_PARSER
+from areal_proxy.output.stop_strings import StopChecker, truncate_at_stop
+from areal_proxy.output.structured_json import check, engine_schema
+from areal_proxy.prompt.chat_template import (
+    PromptBuilder,
+    PromptTooLong,
+    TemplateError,
+    ToolsNotRendered,
+)
+from areal_proxy.prompt.fit_screen import CHAT as SCREEN_CHAT
+from areal_proxy.prompt.fit_screen import COMPLETION as SCREEN_COMPLETION
+from areal_proxy.prompt.fit_screen import SCREEN_MIN_BODY
 from areal_proxy.prompt.incremental import Built, Previous, SessionPrompts
-from areal_proxy.recorder import OpenTurn, Recorder
-from areal_proxy.screen import CHAT as SCREEN_CHAT
-from areal_proxy.screen import COMPLETION as SCREEN_COMPLETION
-from areal_proxy.screen import SCREEN_MIN_BODY
-from areal_proxy.stop_strings import StopChecker, truncate_at_stop
-from areal_proxy.structured_json import check, engine_schema
-from areal_proxy.tokenizer import ModelTokenizer
-from areal_proxy.tool_prompt import can_prompt, default_tool_parser
+from areal_proxy.prompt.tool_prompt import can_prompt, default_tool_parser
+from areal_proxy.recording.recorder import OpenTurn, Recorder
 from areal_runtime import tracing
 from areal_runtime.bodycost import parses_inline
 from areal_runtime.errors import InvalidRequest, PayloadTooLarge, UpstreamError

@@ -13,8 +13,8 @@ know that it must shorten it (the body itself is bounded by the gateway's size l
 
 from __future__ import annotations
 
-from areal_proxy.chat_template import TemplateError, ToolsNotRendered
 from areal_proxy.inference.core import InferenceCore
+from areal_proxy.prompt.chat_template import TemplateError, ToolsNotRendered
 from areal_runtime.bodycost import parses_inline, too_complex
 from areal_runtime.openai import ChatRequest, bad, parse_chat
 

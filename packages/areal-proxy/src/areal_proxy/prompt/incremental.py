@@ -46,13 +46,18 @@ from typing import Any
 
 import orjson
 
-from areal_proxy.chat_template import PromptBuilder, PromptTooLong, TemplateError, ToolsNotRendered
+from areal_proxy.common.records import Interaction
+from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.prompt.boundary import Specials, TurnEnd, end_after_prompt, end_in_rendering
+from areal_proxy.prompt.chat_template import (
+    PromptBuilder,
+    PromptTooLong,
+    TemplateError,
+    ToolsNotRendered,
+)
+from areal_proxy.prompt.concat import continue_tokens
 from areal_proxy.prompt.cuts import Cuts
 from areal_proxy.prompt.state import PromptState
-from areal_proxy.recording.concat import continue_tokens
-from areal_proxy.recording.model import Interaction
-from areal_proxy.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
 

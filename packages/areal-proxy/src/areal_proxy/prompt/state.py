@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from areal_proxy.recording.model import Interaction
+from areal_proxy.common.records import Interaction
 
 # Cached turns kept per session: its latest turn, and a couple of siblings for harnesses
 # that run turns of one session side by side (parallel tool calls) or retry one.

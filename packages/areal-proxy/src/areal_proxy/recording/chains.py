@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from areal_proxy.recording.model import Interaction
+from areal_proxy.common.records import Interaction
 from areal_proxy.recording.spans import pack_ids, prompt_hasher
 
 log = logging.getLogger(__name__)

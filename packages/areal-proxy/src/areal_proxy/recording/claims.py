@@ -25,7 +25,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-from areal_proxy.recording.model import Session
+from areal_proxy.common.records import Session
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import storage_error
 from areal_runtime.session_keys import key_matches

@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from areal_proxy.common.records import Interaction, Session
 from areal_proxy.recording import chains as chaining
 from areal_proxy.recording.chains import Chain
-from areal_proxy.recording.model import Interaction, Session
 
 STYLES = ("concat", "individual")
 DEFAULT_STYLE = "concat"

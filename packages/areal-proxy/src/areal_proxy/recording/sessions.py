@@ -38,11 +38,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from areal_proxy.common.records import Interaction, Session
 from areal_proxy.prompt.incremental import Previous
 from areal_proxy.prompt.state import CachedTurn, PromptState, TurnCache
 from areal_proxy.recording import export
 from areal_proxy.recording.lineage import Lineage
-from areal_proxy.recording.model import Interaction, Session
 from areal_proxy.recording.spans import pack_ids, prompt_hasher
 from areal_proxy.recording.store import Store
 from areal_runtime.errors import (

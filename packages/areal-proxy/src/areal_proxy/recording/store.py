@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from areal_proxy.recording.model import Interaction, Session
+from areal_proxy.common.records import Interaction, Session
 from areal_runtime.errors import StorageFull
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
-from areal_proxy.generation import GenerationRecord
+from areal_proxy.common.records import Interaction
+from areal_proxy.generation.controller import GenerationRecord
 from areal_proxy.prompt.incremental import Built, SessionPrompts
 from areal_proxy.recording.chains import CALL_KINDS
-from areal_proxy.recording.model import Interaction
 from areal_proxy.recording.sessions import SessionBook, Turn
 from areal_proxy.recording.store import continues, sharing
 from areal_runtime.errors import InvalidRequest

@@ -15,8 +15,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from areal_proxy import tool_prompt
-from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
+from areal_proxy.common.tokenizer import ModelTokenizer, PromptTooLong
+from areal_proxy.prompt import tool_prompt
 
 __all__ = ["ChatTemplate", "PromptBuilder", "PromptTooLong", "TemplateError", "ToolsNotRendered"]
 

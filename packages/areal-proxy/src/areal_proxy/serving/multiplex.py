@@ -40,7 +40,7 @@ from areal_runtime.batching import take_batch
 from areal_runtime.errors import InvalidRequest, ServiceError
 
 if TYPE_CHECKING:
-    from areal_proxy.service import ProxyServicer
+    from areal_proxy.serving.service import ProxyServicer
 
 log = logging.getLogger(__name__)
 

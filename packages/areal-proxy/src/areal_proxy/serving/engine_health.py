@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from areal_proxy.engine.base import EngineClient
 
 if TYPE_CHECKING:
-    from areal_proxy.service import ProxyState
+    from areal_proxy.serving.service import ProxyState
 
 log = logging.getLogger("areal_proxy")
 

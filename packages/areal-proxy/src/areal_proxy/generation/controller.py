@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from areal_proxy.engine.base import EngineClient, EngineError, GenerationRequest
-from areal_proxy.migration import Retired
+from areal_proxy.generation.migration import Retired
 from areal_runtime import tracing
 
 if TYPE_CHECKING:
-    from areal_proxy.migration import Migrator
+    from areal_proxy.generation.migration import Migrator
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Any
 
 from areal_proxy.engine.base import JSON_MAX_WHITESPACE
-from areal_proxy.structured_json import engine_schema
+from areal_proxy.output.structured_json import engine_schema
 from areal_runtime.openai import Constraint, bad
 
 Encode = Callable[[str], list[int]]

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import orjson
 
-from areal_proxy.chat_template import PromptBuilder, TemplateError
-from areal_proxy.tokenizer import ModelTokenizer, PromptTooLong
+from areal_proxy.common.tokenizer import ModelTokenizer, PromptTooLong
+from areal_proxy.prompt.chat_template import PromptBuilder, TemplateError
 from areal_runtime.bodycost import too_complex
 from areal_runtime.errors import ServiceError
 from areal_runtime.openai import parse_chat, parse_completion
@@ -42,7 +42,7 @@ _GO_ON = b"{}"
 
 
 def make(tokenizer_path: str, template_type: str, context_length: int) -> Callable[[bytes], bytes]:
-    """The screen's function, for `Offload("areal_proxy.screen:make", ...)`."""
+    """The screen's function, for `Offload("areal_proxy.prompt.fit_screen:make", ...)`."""
     # One encoding thread: the screen is background work, and the tokenizers library would
     # otherwise spread a huge prompt over every core, the service's own included.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -19,18 +19,18 @@ import orjson
 
 from areal_proto.common.v1 import envelope_pb2
 from areal_proto.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from areal_proxy.common.records import Session
 from areal_proxy.engine.base import EngineError
 from areal_proxy.engine.peer import REQUEST_DEADLINE
-from areal_proxy.generation import GenerationController, GenerationRecord
+from areal_proxy.generation.controller import GenerationController, GenerationRecord
+from areal_proxy.generation.migration import MigrationFailed, continue_steps
 from areal_proxy.inference import InferenceHandler
-from areal_proxy.metrics import ProxyMetrics
-from areal_proxy.migration import MigrationFailed, continue_steps
-from areal_proxy.multiplex import GenerateStream
 from areal_proxy.recording import export
 from areal_proxy.recording.claims import ExportClaims
-from areal_proxy.recording.model import Session
 from areal_proxy.recording.sessions import SessionBook
-from areal_proxy.retirement import drain
+from areal_proxy.serving.metrics import ProxyMetrics
+from areal_proxy.serving.multiplex import GenerateStream
+from areal_proxy.serving.retirement import drain
 from areal_runtime import tracing
 from areal_runtime.errors import (
     Conflict,
@@ -47,7 +47,7 @@ from areal_runtime.errors import (
 from areal_runtime.session_keys import key_matches
 
 if TYPE_CHECKING:
-    from areal_proxy.engine_health import EngineHealth
+    from areal_proxy.serving.engine_health import EngineHealth
 
 # Rows per ExportChunk: a large export streams as many JSONL chunks.
 _CHUNK_ROWS = 256

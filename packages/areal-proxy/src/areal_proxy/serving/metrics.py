@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from areal_proxy.migration import OUTCOMES as MIGRATION_OUTCOMES
+from areal_proxy.generation.migration import OUTCOMES as MIGRATION_OUTCOMES
 from areal_proxy.prompt.incremental import FALLBACK_REASONS, Built
 from areal_proxy.prompt.state import TurnCache
 

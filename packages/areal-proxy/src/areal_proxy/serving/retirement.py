@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from areal_proxy.generation import GenerationController
-    from areal_proxy.migration import Migrator
+    from areal_proxy.generation.controller import GenerationController
+    from areal_proxy.generation.migration import Migrator
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from areal_proxy.tokenizer import ModelTokenizer
+from areal_proxy.common.tokenizer import ModelTokenizer
 
 TopLogprobs = list[list[tuple[int, float]]]
 

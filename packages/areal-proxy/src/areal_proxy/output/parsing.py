@@ -1,4 +1,4 @@
-"""The bridge to areal_proxy.parsers (tool calls, reasoning): imported only when a parser
+"""The bridge to areal_proxy.output.parsers (tool calls, reasoning): imported only when a parser
 is configured, so a proxy without parsers never pays for them."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def check_parsers(tool_parser: str, reasoning_parser: str) -> None:
     tool_parser = "" if tool_parser == NO_PARSER else tool_parser
     if not tool_parser and not reasoning_parser:
         return
-    from areal_proxy.parsers import check_parser_names
+    from areal_proxy.output.parsers import check_parser_names
 
     check_parser_names(tool_parser or None, reasoning_parser or None)
 
@@ -26,28 +26,28 @@ def make_output_parser(
     tool = tool_parser if tools else ""
     if not tool and not reasoning_parser:
         return None
-    from areal_proxy.parsers import OutputParser
+    from areal_proxy.output.parsers import OutputParser
 
     return OutputParser(tool or None, reasoning_parser or None, tools if tool else None)
 
 
 def collect_events(events: list[Any]) -> Any:
     """The ParsedOutput that streamed parser events add up to (their tool call ids kept)."""
-    from areal_proxy.parsers.output import collect
+    from areal_proxy.output.parsers.output import collect
 
     return collect(events)
 
 
 def first_call_only(events: list[Any]) -> list[Any]:
     """The events without those of a second or later tool call (`parallel_tool_calls: false`)."""
-    from areal_proxy.parsers import ToolCallDelta
+    from areal_proxy.output.parsers import ToolCallDelta
 
     return [e for e in events if not (isinstance(e, ToolCallDelta) and e.index > 0)]
 
 
 def delta_dicts(deltas: list[Any]) -> list[dict[str, Any]]:
     """Parser deltas -> OpenAI chat `delta` objects, consecutive ones of a kind merged."""
-    from areal_proxy.parsers import ContentDelta, ReasoningDelta, ToolCallDelta
+    from areal_proxy.output.parsers import ContentDelta, ReasoningDelta, ToolCallDelta
 
     out: list[dict[str, Any]] = []
     for d in deltas:

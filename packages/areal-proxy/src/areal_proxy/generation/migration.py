@@ -27,7 +27,7 @@ from areal_runtime import tls, tracing
 from areal_runtime.auth import call_metadata
 
 if TYPE_CHECKING:
-    from areal_proxy.generation import GenerationController, GenerationRecord
+    from areal_proxy.generation.controller import GenerationController, GenerationRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Leaf types every stage shares: the recorded interaction and session, the model's tokenizer."""
