@@ -29,6 +29,7 @@ from areal_proxy.engine.refusals import body_message, is_refusal_status, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    probe_health,
     retry_unconnected,
     trace_configs,
 )
@@ -153,13 +154,16 @@ class SGLangClient:
         timeout: float | None = None,
         api_key: str = "",
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        probe_timeout: float = 5.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # Parsed once: aiohttp would parse the string on every request.
         self._generate_url = URL(self.base_url + "/generate")
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         # Health and version probes: an answer within 5 s or none.
-        self._probe_timeout = aiohttp.ClientTimeout(total=5, sock_connect=connect_timeout)
+        self._probe_timeout = aiohttp.ClientTimeout(
+            total=probe_timeout, sock_connect=min(connect_timeout, probe_timeout)
+        )
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -209,14 +213,8 @@ class SGLangClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
 
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(
-                self.base_url + "/health", timeout=self._probe_timeout
-            ) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+    async def health(self) -> bool | None:
+        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
 
     async def context_limit(self) -> int:
         """One more than the longest prompt this engine takes: SGLang's `max_req_input_len`

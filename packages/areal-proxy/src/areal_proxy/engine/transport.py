@@ -28,6 +28,23 @@ CONTROL_ATTEMPTS = 3
 CONTROL_RETRY_WAIT_S = 0.2
 
 
+async def probe_health(
+    session: aiohttp.ClientSession, url: str, within: aiohttp.ClientTimeout
+) -> bool | None:
+    """An engine's health endpoint: True 200, False a refused connection or any other answer
+    (an error status, a connection reset), None no answer within `within` (busy or hung: the
+    proxy tells which by the engine's progress, engine_progress.py)."""
+    try:
+        async with session.get(url, timeout=within) as r:
+            return r.status == 200
+    except aiohttp.ClientConnectorError:
+        return False
+    except TimeoutError:  # aiohttp's connect and read timeouts are TimeoutErrors too
+        return None
+    except aiohttp.ClientError:
+        return False
+
+
 def trace_configs() -> list[aiohttp.TraceConfig]:
     """An engine session's `trace_configs`: each HTTP request to the engine carries the
     current span as `traceparent` (tracing.py). None while tracing is off, so aiohttp does

@@ -50,6 +50,7 @@ from areal_proxy.engine.refusals import body_message, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    probe_health,
     retry_unconnected,
     trace_configs,
 )
@@ -338,14 +339,8 @@ class VLLMClient:
             self._weight_version = str(doc.get("weight_version", ""))
         return self._weight_version
 
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(
-                self.base_url + "/health", timeout=self._probe_timeout
-            ) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+    async def health(self) -> bool | None:
+        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
 
     async def context_limit(self) -> int:
         """The most tokens one request may hold, prompt and output (vLLM's `max_model_len`,
