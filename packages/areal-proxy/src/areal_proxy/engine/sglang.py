@@ -29,6 +29,7 @@ from areal_proxy.engine.refusals import body_message, is_refusal_status, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    patient_connect,
     probe_health,
     retry_unconnected,
     trace_configs,
@@ -251,7 +252,9 @@ class SGLangClient:
 
     async def _post_generate(self, req: GenerationRequest) -> dict[str, Any]:
         try:
-            async with self._http().post(self._generate_url, data=_payload(req, False)) as r:
+            body = _payload(req, False)
+            http = self._http()
+            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
                 raw = await r.read()
                 if r.status >= 400:
                     raise _http_error(raw, r.status)
@@ -270,7 +273,9 @@ class SGLangClient:
     async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         emitted = 0
         try:
-            async with self._http().post(self._generate_url, data=_payload(req, True)) as r:
+            body = _payload(req, True)
+            http = self._http()
+            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
                 if r.status >= 400:
                     raise _http_error(await r.read(), r.status)
                 async for data in _sse_data(r.content):

@@ -62,6 +62,20 @@ async def _inject_trace(
     tracing.inject_into(params.headers)
 
 
+async def patient_connect(call: Callable[[], Awaitable[_T]]) -> _T:
+    """`call()` (a generation's request), made again while its connection is not answered
+    within `sock_connect` (a busy engine's full accept queue), CONTROL_ATTEMPTS times in all.
+    Nothing of the request reached the engine, and the engine is busy, not gone: the request
+    waits for it rather than moving to another replica (migration is for a lost engine, and
+    on a model's only replica there is none). A refused connection is not retried here."""
+    for attempt in range(1, CONTROL_ATTEMPTS):
+        try:
+            return await call()
+        except aiohttp.ConnectionTimeoutError:
+            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
+    return await call()
+
+
 async def retry_unconnected(call: Callable[[], Awaitable[_T]]) -> _T:
     """`call()`, made again while its connection cannot be made, CONTROL_ATTEMPTS times in
     all; the last try's NOT_CONNECTED propagates."""

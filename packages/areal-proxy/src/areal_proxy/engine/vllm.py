@@ -50,6 +50,7 @@ from areal_proxy.engine.refusals import body_message, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    patient_connect,
     probe_health,
     retry_unconnected,
     trace_configs,
@@ -308,7 +309,9 @@ class VLLMClient:
             return None
 
         async def send() -> aiohttp.ClientResponse:
-            return await self._http().post(self.base_url + "/v1/completions", data=payload)
+            http = self._http()
+            url = self.base_url + "/v1/completions"
+            return await patient_connect(lambda: http.post(url, data=payload))
 
         flight.sending = asyncio.ensure_future(send())
         try:
