@@ -30,7 +30,7 @@ from areal_cli import supervisor
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 MODEL = "tiny-parrot"
-BOUND = 24
+BOUND = 64
 FLOOD_CLIENTS = 48
 FLOOD_S = 20.0
 BURST = 160
@@ -117,7 +117,8 @@ def test_a_flood_is_queued_then_refused_with_429_never_a_5xx(stack, sglang_engin
     print(f"\nflood {len(flood)} requests, burst {len(burst)}: statuses {dict(statuses)}")
     bad = [(s, body[:300]) for s, _, body in flood + burst if s not in (200, 429)]
     assert not bad, f"answers other than 200/429: {Counter(s for s, _ in bad)}; first: {bad[:3]}"
-    assert statuses[200] >= FLOOD_CLIENTS, statuses
+    # Within the bound the engine queues: every chat of the flood answers.
+    assert {s for s, _, _ in flood} == {200}, Counter(s for s, _, _ in flood)
     refused = [(ra, body) for s, ra, body in flood + burst if s == 429]
     assert any(s == 429 for s, _, _ in burst), f"a burst of {BURST} past a bound of {BOUND}"
     for retry_after, body in refused:
