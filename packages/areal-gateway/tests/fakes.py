@@ -278,7 +278,10 @@ class FakeProxy(
             await abort(context, ServiceError(503, "fake proxy draining", code="draining"))
         if "error_status" in doc_fake:
             message = doc_fake.get("error_message", "fake proxy error")
-            await abort(context, ServiceError(doc_fake["error_status"], message))
+            err = ServiceError(doc_fake["error_status"], message, code=doc_fake.get("error_code"))
+            if doc_fake.get("retry_after_s"):
+                err.retry_after_s = int(doc_fake["retry_after_s"])
+            await abort(context, err)
         if doc_fake.get("crash"):
             raise RuntimeError("fake proxy crashed")
 

@@ -9,6 +9,7 @@ core once did in CI (a trainer's pause failed with 502 after 5 s).
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -112,5 +113,69 @@ async def test_a_pause_reaches_an_engine_that_accepts_on_a_later_try(kind: str):
         await asyncio.wait_for(pause, 5)
         assert seen == ["/pause_generation" if kind == "sglang" else "/pause"]
     finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def _generate_app(seen: list[str]) -> web.Application:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request.path)
+        body = await request.json()
+        meta = {
+            "completion_tokens": 1,
+            "prompt_tokens": len(body["input_ids"]),
+            "output_token_logprobs": [[-0.1, 7, None]],
+            "finish_reason": {"type": "length"},
+        }
+        event = {"output_ids": [7], "meta_info": meta}
+        if not body.get("stream"):
+            return web.json_response(event)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/generate", handler)
+    return app
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_generation_whose_connect_times_out_waits_for_the_same_engine(stream: bool):
+    """A busy engine's full accept queue: the connection is not answered in time. The request
+    is tried again on that engine (it is busy, not gone) rather than failed as lost, which sent
+    it to migrate to peers a single replica does not have."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    client = SGLangClient(f"http://127.0.0.1:{port}", timeout=10, connect_timeout=0.2)
+    seen: list[str] = []
+    runner = web.AppRunner(await _generate_app(seen))
+    await runner.setup()
+    try:
+
+        async def call() -> list[int]:
+            if stream:
+                return [
+                    t
+                    for c in [c async for c in client.generate_stream(GenerationRequest([1], 1))]
+                    for t in c.token_ids
+                ]
+            return (await client.generate(GenerationRequest([1], 1))).token_ids
+
+        task = asyncio.ensure_future(call())
+        await asyncio.sleep(0.3)  # the first try was not answered
+        assert not task.done()
+        filler.close()
+        listener.close()
+        await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+        assert await asyncio.wait_for(task, 5) == [7]
+        assert seen == ["/generate"]
+    finally:
+        filler.close()
+        listener.close()
         await client.close()
         await runner.cleanup()

@@ -5,6 +5,12 @@ Gateway: `GET /health` answering with its pid (a gateway sharing the service's p
 others, at the loopback port of its own its ready file names); engine: `GET /health`; router, proxies and
 agent workers: `GET /metrics` on the metrics port of their ready file (a SIGSTOPped process
 answers nothing there).
+
+An engine whose `/health` does not answer is still fine while its data proxy vouches for it
+(`areal_proxy_engine_healthy 1` on the proxy's metrics): a busy engine answers its health
+check late (SGLang's generates a token of its own, behind a long prefill or a big batch),
+and the proxy, which sees its tokens, tells busy from stalled (the proxy's
+engine/progress.py). Restarting an engine that was only busy failed every request on it.
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ def default_probe(comp: Component, s: dict[str, Any]) -> bool | None:
         return gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT) if url else False
     if comp.role == "engine":
         url = comp.meta.get("url", "")
-        return supervisor.http_ok(url + "/health", timeout=PROBE_TIMEOUT) if url else None
+        if not url:
+            return None
+        return supervisor.http_ok(url + "/health", timeout=PROBE_TIMEOUT) or engine_vouched(url, s)
     info = ready_info(comp)
     if not info or info.get("pid") != comp.pid:
         return None
@@ -79,3 +87,46 @@ def restart_ready(comp: Component, info: dict[str, Any] | None) -> bool:
         url = gateway_url(comp, info)
         return bool(url) and gateway_healthy(url, comp.pid, timeout=PROBE_TIMEOUT)
     return True
+
+
+def engine_vouched(engine_url: str, s: dict[str, Any]) -> bool:
+    """The data proxy in front of `engine_url` reports its engine healthy (making progress,
+    perhaps busy). False when no live proxy of the service names that engine or it does not
+    answer."""
+    for d in (s.get("components") or {}).values():
+        proxy = Component.from_dict(d)
+        if proxy.role != "proxy":
+            continue
+        info = ready_info(proxy)
+        if not info or info.get("pid") != proxy.pid or info.get("engine_url") != engine_url:
+            continue
+        mport = int(info.get("metrics_port") or 0)
+        if mport <= 0:
+            return False
+        host = connect_host(str(info.get("host") or proxy.host))
+        text = _http_text(http_url(host, mport) + "/metrics", PROBE_TIMEOUT)
+        return text is not None and _gauge(text, "areal_proxy_engine_healthy") == 1.0
+    return False
+
+
+def _gauge(text: str, name: str) -> float | None:
+    """An unlabelled sample's value in Prometheus text."""
+    prefix = name + " "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            try:
+                return float(line[len(prefix) :])
+            except ValueError:
+                return None
+    return None
+
+
+def _http_text(url: str, timeout: float) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace") if 200 <= r.status < 300 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None

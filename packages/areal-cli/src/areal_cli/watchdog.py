@@ -15,7 +15,8 @@ Each tick re-reads the service state and checks every component:
 * dead: the recorded process (pid + start time) is gone;
 * hung: it is alive but does not answer its probe for `hung_after` checks in a
   row (gateway `GET /health` with its pid; engine `GET /health`, with a longer
-  threshold; router, proxies and agent workers `GET /metrics` on the metrics
+  threshold, and never while its data proxy vouches for it: a busy engine answers
+  late, probes.py; router, proxies and agent workers `GET /metrics` on the metrics
   port of their ready file, so a SIGSTOPped process is caught). A component is
   only probed for hangs after it has answered once since it (re)started.
 

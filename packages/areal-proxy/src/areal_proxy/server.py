@@ -16,6 +16,7 @@ from areal_proxy import __version__
 from areal_proxy.common.tokenizer import ModelTokenizer
 from areal_proxy.engine import make_engine_client
 from areal_proxy.engine.base import EngineClient
+from areal_proxy.engine.progress import EngineProgress, TrackedEngine
 from areal_proxy.generation.controller import GenerationController
 from areal_proxy.generation.migration import Migrator
 from areal_proxy.inference import InferenceConfig, InferenceHandler
@@ -67,8 +68,13 @@ class ProxyServer:
             log.warning(
                 "no chat template in %s: chat requests will be refused", settings.tokenizer_path
             )
-        self.engine = engine or make_engine_client(
-            settings.engine, settings.engine_url, settings.request_timeout
+        # Every generation call reports the engine's progress, which tells a busy engine from
+        # a lost one when its health check answers late (engine/progress.py).
+        self.progress = EngineProgress(settings.engine_stall_timeout)
+        self.engine = TrackedEngine(
+            engine
+            or make_engine_client(settings.engine, settings.engine_url, settings.request_timeout),
+            self.progress,
         )
         self.controller = GenerationController(self.engine)
         # Blocking work runs off the event loop that serves streams, health and GetStats:
@@ -144,7 +150,10 @@ class ProxyServer:
             self.metrics.engine_healthy,
             learn_limit=handler.learn_engine_limit,
             publish=self._publish_engine,
+            progress=self.progress,
+            busy_gauge=self.metrics.engine_busy,
         )
+        self.metrics.engine_silent.set_function(self.progress.silent_for)
         self.servicer = ProxyServicer(  # type: ignore[abstract]
             handler=handler,
             controller=self.controller,
@@ -153,6 +162,7 @@ class ProxyServer:
             engine_health=self.engine_health,
             request_timeout=settings.request_timeout,
             book=self.book,
+            max_inflight=settings.max_inflight,
         )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(

@@ -79,6 +79,22 @@ class Settings:
     engine_health_interval: float = field(
         default=2.0, metadata={"help": "seconds between background engine health checks"}
     )
+    engine_stall_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds without a token, an answer or a health check answered in time "
+            "after which an engine whose health check does not answer counts as stalled "
+            "(before that it is busy, and stays healthy); a refused connection is decisive "
+            "at once"
+        },
+    )
+    max_inflight: int = field(
+        default=512,
+        metadata={
+            "help": "generation requests this proxy holds at once (the engine queues them); "
+            "past it a new one is refused with 429 `overloaded` and a Retry-After (0 = no bound)"
+        },
+    )
     # Migration: a request whose engine dies continues on another replica's engine.
     router_addr: str = field(
         default="",
@@ -163,6 +179,10 @@ class Settings:
             out.append("--context-length must be >= 0")
         if self.retention_seconds < 0:
             out.append("--retention-seconds must be >= 0")
+        if self.engine_stall_timeout <= 0:
+            out.append("--engine-stall-timeout must be > 0")
+        if self.max_inflight < 0:
+            out.append("--max-inflight must be >= 0")
         if self.migration_limit < 0:
             out.append("--migration-limit must be >= 0")
         if self.router_addr and ":" not in self.router_addr:

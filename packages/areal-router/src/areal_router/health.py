@@ -26,14 +26,21 @@ import contextlib
 import logging
 import math
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from areal_router.proxy_client import ProxyClients, PushUnsupported
 from areal_router.registry import HEALTH_NAMES, HEALTHY, Registry
-from areal_runtime.errors import InternalAuthFailed, ServiceError
+from areal_runtime.errors import DeadlineExceeded, InternalAuthFailed, ServiceError
 
 log = logging.getLogger("areal_router.health")
+
+# Seconds a proxy whose polls time out stays routable after its last answer: a proxy busy
+# with a flood (tokenizing, streaming on a loaded machine) answers a poll late, and taking
+# that for a dead proxy turned a burst into 503 `no_healthy_proxy` while the engine worked.
+# A refused connection or an error answer is not covered: only silence is.
+SLOW_GRACE_S = 5.0
 
 # Each idle poll comes after 80-100 % of the idle interval, so the phases that entering
 # the idle cadence spread out (see _next_delay) do not line up again.
@@ -224,7 +231,9 @@ class HealthPoller:
             change = self.registry.record_failure(
                 proxy_id,
                 f"connection lost, then {exc.message}" if lost else exc.message,
-                unhealthy_after=1 if lost else self.unhealthy_after,
+                unhealthy_after=_failures_allowed(
+                    exc, lost, current.last_seen_unix_ms, current.failures, self.unhealthy_after
+                ),
             )
             if t is not None:
                 t.quiet = False
@@ -365,6 +374,26 @@ class HealthPoller:
         # meanwhile: its sessions' next turns must not fail in that moment).
         t.quiet = False
         self._poll_within(t, 0.0)
+
+
+def _failures_allowed(
+    exc: ServiceError, lost: bool, last_seen_unix_ms: int, failures: int, unhealthy_after: int
+) -> int:
+    """Failed polls in a row that make a proxy unhealthy, after this one failed with `exc`.
+
+    After a lost connection a refused new one is the proxy gone: 1. A poll that timed out
+    (no refusal, no error answer) from a proxy that answered less than SLOW_GRACE_S ago is
+    busy (its loop serving a flood), not gone: counted, but it does not make the proxy
+    unroutable yet; a dead one refuses, a stopped one stays silent past the grace."""
+    if lost:
+        return 1
+    if (
+        isinstance(exc, DeadlineExceeded)
+        and last_seen_unix_ms > 0
+        and time.time() * 1000 - last_seen_unix_ms < SLOW_GRACE_S * 1000
+    ):
+        return max(unhealthy_after, failures + 2)
+    return unhealthy_after
 
 
 def _wake(waker: asyncio.Future[None]) -> None:

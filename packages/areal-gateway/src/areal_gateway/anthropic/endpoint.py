@@ -96,6 +96,7 @@ class MessagesGeneration(GenerationResponse):
             await send({"type": "http.response.body", "body": self._stream_failed(err)})
             return
         status, body = error_response(err)
+        self._say_retry_after(err)
         await self._send_whole(send, status, body)
 
     # -- the translated output --

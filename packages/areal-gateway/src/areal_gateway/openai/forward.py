@@ -284,7 +284,17 @@ class GenerationResponse(Response):
         if self._headers_sent:
             await send({"type": "http.response.body", "body": self._stream_failed(err)})
             return
+        self._say_retry_after(err)
         await self._send_whole(send, err.http_status, error_body(err))
+
+    def _say_retry_after(self, err: ServiceError) -> None:
+        """An error that says when to come back (a replica's back-pressure, 429
+        `overloaded`) answers it as `Retry-After`."""
+        if err.retry_after_s:
+            self.extra_headers = [
+                *self.extra_headers,
+                (b"retry-after", str(int(err.retry_after_s)).encode()),
+            ]
 
     # -- what the client gets: chat and completions as the proxy answered (the Responses
     # endpoint overrides these four to translate; responses/endpoint.py) --

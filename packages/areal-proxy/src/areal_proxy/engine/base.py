@@ -135,7 +135,11 @@ class EngineClient(Protocol):
 
     base_url: str
 
-    async def health(self) -> bool: ...
+    async def health(self) -> bool | None:
+        """True: healthy; False: refused the connection or answered a failure; None: no
+        answer within the probe's timeout (a busy engine as well as a hung one: the proxy's
+        engine/progress.py tells them apart)."""
+        ...
 
     async def generate(self, req: GenerationRequest) -> GenerationResult: ...
 

@@ -29,6 +29,8 @@ from areal_proxy.engine.refusals import body_message, is_refusal_status, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    patient_connect,
+    probe_health,
     retry_unconnected,
     trace_configs,
 )
@@ -153,13 +155,16 @@ class SGLangClient:
         timeout: float | None = None,
         api_key: str = "",
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        probe_timeout: float = 5.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # Parsed once: aiohttp would parse the string on every request.
         self._generate_url = URL(self.base_url + "/generate")
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         # Health and version probes: an answer within 5 s or none.
-        self._probe_timeout = aiohttp.ClientTimeout(total=5, sock_connect=connect_timeout)
+        self._probe_timeout = aiohttp.ClientTimeout(
+            total=probe_timeout, sock_connect=min(connect_timeout, probe_timeout)
+        )
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -209,14 +214,8 @@ class SGLangClient:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
 
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(
-                self.base_url + "/health", timeout=self._probe_timeout
-            ) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+    async def health(self) -> bool | None:
+        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
 
     async def context_limit(self) -> int:
         """One more than the longest prompt this engine takes: SGLang's `max_req_input_len`
@@ -253,7 +252,9 @@ class SGLangClient:
 
     async def _post_generate(self, req: GenerationRequest) -> dict[str, Any]:
         try:
-            async with self._http().post(self._generate_url, data=_payload(req, False)) as r:
+            body = _payload(req, False)
+            http = self._http()
+            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
                 raw = await r.read()
                 if r.status >= 400:
                     raise _http_error(raw, r.status)
@@ -272,7 +273,9 @@ class SGLangClient:
     async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         emitted = 0
         try:
-            async with self._http().post(self._generate_url, data=_payload(req, True)) as r:
+            body = _payload(req, True)
+            http = self._http()
+            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
                 if r.status >= 400:
                     raise _http_error(await r.read(), r.status)
                 async for data in _sse_data(r.content):

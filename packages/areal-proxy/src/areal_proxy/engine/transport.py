@@ -28,6 +28,23 @@ CONTROL_ATTEMPTS = 3
 CONTROL_RETRY_WAIT_S = 0.2
 
 
+async def probe_health(
+    session: aiohttp.ClientSession, url: str, within: aiohttp.ClientTimeout
+) -> bool | None:
+    """An engine's health endpoint: True 200, False a refused connection or any other answer
+    (an error status, a connection reset), None no answer within `within` (busy or hung: the
+    proxy tells which by the engine's progress, engine/progress.py)."""
+    try:
+        async with session.get(url, timeout=within) as r:
+            return r.status == 200
+    except aiohttp.ClientConnectorError:
+        return False
+    except TimeoutError:  # aiohttp's connect and read timeouts are TimeoutErrors too
+        return None
+    except aiohttp.ClientError:
+        return False
+
+
 def trace_configs() -> list[aiohttp.TraceConfig]:
     """An engine session's `trace_configs`: each HTTP request to the engine carries the
     current span as `traceparent` (tracing.py). None while tracing is off, so aiohttp does
@@ -43,6 +60,20 @@ async def _inject_trace(
     session: aiohttp.ClientSession, ctx: object, params: aiohttp.TraceRequestStartParams
 ) -> None:
     tracing.inject_into(params.headers)
+
+
+async def patient_connect(call: Callable[[], Awaitable[_T]]) -> _T:
+    """`call()` (a generation's request), made again while its connection is not answered
+    within `sock_connect` (a busy engine's full accept queue), CONTROL_ATTEMPTS times in all.
+    Nothing of the request reached the engine, and the engine is busy, not gone: the request
+    waits for it rather than moving to another replica (migration is for a lost engine, and
+    on a model's only replica there is none). A refused connection is not retried here."""
+    for attempt in range(1, CONTROL_ATTEMPTS):
+        try:
+            return await call()
+        except aiohttp.ConnectionTimeoutError:
+            await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
+    return await call()
 
 
 async def retry_unconnected(call: Callable[[], Awaitable[_T]]) -> _T:

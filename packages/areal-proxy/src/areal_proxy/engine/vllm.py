@@ -50,6 +50,8 @@ from areal_proxy.engine.refusals import body_message, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
+    patient_connect,
+    probe_health,
     retry_unconnected,
     trace_configs,
 )
@@ -307,7 +309,9 @@ class VLLMClient:
             return None
 
         async def send() -> aiohttp.ClientResponse:
-            return await self._http().post(self.base_url + "/v1/completions", data=payload)
+            http = self._http()
+            url = self.base_url + "/v1/completions"
+            return await patient_connect(lambda: http.post(url, data=payload))
 
         flight.sending = asyncio.ensure_future(send())
         try:
@@ -338,14 +342,8 @@ class VLLMClient:
             self._weight_version = str(doc.get("weight_version", ""))
         return self._weight_version
 
-    async def health(self) -> bool:
-        try:
-            async with self._http().get(
-                self.base_url + "/health", timeout=self._probe_timeout
-            ) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+    async def health(self) -> bool | None:
+        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
 
     async def context_limit(self) -> int:
         """The most tokens one request may hold, prompt and output (vLLM's `max_model_len`,

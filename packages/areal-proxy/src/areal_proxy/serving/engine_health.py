@@ -12,6 +12,12 @@ Three things ask the engine (`EngineClient.health`), and they share the check in
   work may be waiting on the answer (a pinned session's retry), so it hears what the engine
   says now, within the poll's deadline, not what it said up to an interval ago.
 
+A probe is one of three answers (`EngineClient.health`): healthy, failed (a refused
+connection, an error status: decisive at once), or no answer in time. The last is no verdict
+by itself: a busy engine answers late too (SGLang's `/health` waits for a token of its own),
+so the engine's progress decides (engine/progress.py): it stays healthy, reported *busy*,
+until it has shown no sign of life for --engine-stall-timeout.
+
 A check's answer is what `GetStats`, the grpc.health stream and `areal_proxy_engine_healthy`
 say. A client that goes away is no failure of the engine and never gets here (the request
 is cancelled, and `ProxyServicer.run_generation` lets that propagate).
@@ -26,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from areal_proxy.engine.base import EngineClient
+from areal_proxy.engine.progress import EngineProgress
 
 if TYPE_CHECKING:
     from areal_proxy.serving.service import ProxyState
@@ -46,8 +53,12 @@ class EngineHealth:
         *,
         learn_limit: Callable[[bool], Awaitable[None]],
         publish: Callable[[bool], Awaitable[None]],
+        progress: EngineProgress | None = None,
+        busy_gauge: _Gauge | None = None,
     ) -> None:
         self.engine = engine
+        self.progress = progress if progress is not None else EngineProgress()
+        self._busy_gauge = busy_gauge
         self.state = state
         self._gauge = gauge
         # Reads what the engine takes (on a (re)connection: its argument says so).
@@ -109,19 +120,31 @@ class EngineHealth:
             return
         while True:
             self._again = False
-            ok = await self._ask()
+            probe = await self._ask()
             if not self._again:
                 break
+        p = self.progress
+        ok, busy = p.judge(probe)
         if ok != st.engine_healthy:
             log.log(logging.INFO if ok else logging.WARNING, "engine %s", _word(ok))
+        if busy and not st.engine_busy:
+            log.info("engine busy (its health check did not answer in time): %s", p.describe())
         st.engine_healthy = ok
-        st.engine_detail = "" if ok else f"engine at {st.engine_url} failed its health check"
+        st.engine_busy = busy
+        if ok:
+            st.engine_detail = ""
+        elif probe is None:
+            st.engine_detail = f"engine at {st.engine_url} stalled: {p.describe()}"
+        else:
+            st.engine_detail = f"engine at {st.engine_url} failed its health check"
         self._gauge.set(1 if ok else 0)
+        if self._busy_gauge is not None:
+            self._busy_gauge.set(1 if busy else 0)
         # Every verdict, not only a change: a suspicion changed nothing on the stream, and a
         # watcher is sent a status only when it differs from the one it was sent last.
         await self._publish(ok)
 
-    async def _ask(self) -> bool:
+    async def _ask(self) -> bool | None:
         try:
             ok = await self.engine.health()
             if ok:  # what the engine takes, read when it (re)connects (inference/core.py)

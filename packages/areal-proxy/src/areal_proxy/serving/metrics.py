@@ -92,6 +92,18 @@ class ProxyMetrics(_Served):
         self.engine_healthy = Gauge(
             "areal_proxy_engine_healthy", "1 when the engine is healthy", registry=r
         )
+        self.engine_busy = Gauge(
+            "areal_proxy_engine_busy",
+            "1 while the engine's health check does not answer in time but the engine makes "
+            "progress (healthy: busy, not lost)",
+            registry=r,
+        )
+        self.engine_silent = Gauge(
+            "areal_proxy_engine_silent_seconds",
+            "seconds since the engine's last sign of life (a token, an answer, a health check "
+            "answered in time)",
+            registry=r,
+        )
         # Flow control on `Generate` streams (multiplex.py). The gauge is read when scraped
         # (the servicer sets its function), so the data path never touches it.
         self.stream_held_results = Gauge(

@@ -38,6 +38,7 @@ from areal_runtime.errors import (
     Draining,
     InternalError,
     InvalidRequest,
+    Overloaded,
     PermissionDenied,
     ServiceError,
     Unauthenticated,
@@ -64,6 +65,9 @@ _DEADLINE_MARGIN_S = 0.02
 # poll's own deadline comes first): enough for an engine that answers, short enough that a
 # poll of a replica whose engine hangs still gets its answer.
 _VERDICT_WAIT_S = 1.0
+# Retry-After of a request refused past --max-inflight: a generation on a busy CPU engine
+# takes seconds, so sooner would mostly be refused again.
+_OVERLOADED_RETRY_S = 2
 
 
 @dataclass
@@ -73,6 +77,9 @@ class ProxyState:
     proxy_id: str = ""
     engine_healthy: bool = False
     engine_detail: str = "engine not checked yet"
+    # Healthy, but its last health check did not answer in time while it made progress
+    # (engine/progress.py): it is working, not lost.
+    engine_busy: bool = False
     draining: bool = False
     # Retired (graceful drain, retirement.py): its engine takes no work; it reports
     # `draining` so the router sends it only the turns of sessions pinned to it.
@@ -133,8 +140,11 @@ class ProxyServicer(
         engine_health: EngineHealth,
         request_timeout: float,
         book: SessionBook | None = None,
+        max_inflight: int = 0,
     ) -> None:
         self.book = book
+        # Generation requests held at once; past it a new one is refused (0: no bound).
+        self.max_inflight = max_inflight
         self.engine_health = engine_health
         self.claims = ExportClaims(book) if book is not None else None
         self.handler = handler
@@ -179,6 +189,16 @@ class ProxyServicer(
     def _enter(self) -> None:
         if self.state.draining:
             raise Draining("this proxy is draining; send the request elsewhere")
+        if self.max_inflight and self._active >= self.max_inflight:
+            # Back-pressure, not an outage: the engine queues up to the bound, and past it the
+            # client is told to come back (a 429 the gateway answers with Retry-After).
+            err = Overloaded(
+                f"this replica holds {self._active} requests, its bound (--max-inflight "
+                f"{self.max_inflight}); retry after {_OVERLOADED_RETRY_S}s",
+                code="overloaded",
+            )
+            err.retry_after_s = _OVERLOADED_RETRY_S
+            raise err
         self._active += 1
         self._idle.clear()
         self.metrics.inflight.inc()
