@@ -148,6 +148,8 @@ class Rollouts:
         self.activity = EngineActivity()
         self.errors: list[BaseException] = []
         self.dropped_groups = 0
+        # Groups admitted and not yet queued (or dropped).
+        self.in_flight = 0
         self._problems = itertools.cycle(problems)
         self._lock = threading.Lock()
         a = config.async_rl
@@ -181,6 +183,16 @@ class Rollouts:
             )
         except RateLimitError:
             return  # no room yet: look at the stop flag, then ask again
+        with self._lock:
+            self.in_flight += 1
+        try:
+            self._roll_out(problem, group)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _roll_out(self, problem: arith.Problem, group: Any) -> None:
+        cfg = self.config
         futures = [
             self.pool.submit(self._member, problem, group, i) for i in range(cfg.grpo.group_size)
         ]
@@ -225,16 +237,30 @@ class Rollouts:
         return threads
 
     def take(self, n_groups: int) -> list[GroupRollout]:
+        """`n_groups` groups, or fewer when some were dropped at export: admission counts a
+        dropped group as consumed, so no other group takes its place before the next weight
+        version, and the trainer goes on with what it has once nothing is in flight."""
         out: list[GroupRollout] = []
+        idle_since: float | None = None
         while len(out) < n_groups:
             if self.errors:
                 raise RuntimeError(f"a rollout worker failed: {self.errors[0]!r}") from (
                     self.errors[0]
                 )
             try:
-                out.append(self.ready.get(timeout=1.0))
-            except queue.Empty:
+                out.append(self.ready.get(timeout=0.5))
+                idle_since = None
                 continue
+            except queue.Empty:
+                pass
+            with self._lock:
+                nothing_running = self.in_flight == 0
+            if not (out and nothing_running):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > 3.0:
+                break
         return out
 
 
