@@ -453,7 +453,11 @@ def main(args: list[str]) -> int:
             )
             curve.add(**curve.rows.pop())
     first, final = evals.records[0], evals.records[-1]
+    # Over the steps (from waiting for rollouts to the weights pushed), as the synchronous
+    # example's step_s: the held-out evaluations between steps are left out.
+    steps_s = max(sum(r["step_s"] for r in metrics.records), 1e-9)
     waits = sum(r["trainer_wait_s"] for r in metrics.records)
+    busy = sum(r["engine_busy"] * r["step_s"] for r in metrics.records)
     summary = {
         "steps": step,
         "weight_version": version,
@@ -462,9 +466,10 @@ def main(args: list[str]) -> int:
         "eval_accuracy_after": final["accuracy"],
         "eval_strict_before": first["strict_accuracy"],
         "eval_strict_after": final["strict_accuracy"],
-        "samples_per_minute": round(samples / max(loop_s, 1e-9) * 60, 2),
-        "trainer_idle": round(waits / max(loop_s, 1e-9), 3),
-        "engine_idle": round(1 - busy_s / max(loop_s, 1e-9), 3),
+        "samples_per_minute": round(samples / steps_s * 60, 2),
+        "trainer_idle": round(waits / steps_s, 3),
+        "engine_idle": round(1 - busy / steps_s, 3),
+        "engine_idle_with_evals": round(1 - busy_s / max(loop_s, 1e-9), 3),
         "trained_staleness": {str(k): n for k, n in sorted(trained_staleness.items())},
         "minutes": round((time.monotonic() - t_start) / 60, 1),
     }
