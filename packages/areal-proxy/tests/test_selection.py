@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from areal_proxy.recording import export
 from areal_proxy.common.records import Interaction, Session
+from areal_proxy.recording import export
 from areal_proxy.recording.selection import Policy, Summary
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
