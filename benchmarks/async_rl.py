@@ -13,7 +13,8 @@ fraction (no chat in flight), the trainer's idle fraction (waiting for rollouts)
 of what was trained (trainer version minus the row's oldest token's version), held-out
 accuracy before and after, and the wall-clock minutes. The accuracy curves (held-out accuracy
 against wall-clock seconds since each run started) go to <out>/curves.csv, and to
-<out>/curves.png when matplotlib is installed.
+<out>/curves.png when matplotlib is installed (else, later:
+`uv run --no-project --with matplotlib==3.11.2 python benchmarks/async_rl.py --plot CSV PNG`).
 
 The synchronous example has no engine-activity probe: its engine idle fraction is the share of
 each step spent outside the rollout phase (training, checkpoint, weight push), its trainer idle
@@ -106,6 +107,26 @@ def curve(run_dir: Path) -> list[tuple[float, float]]:
     return [(float(r["elapsed_s"]), float(r["eval_accuracy"])) for r in rows if r["eval_accuracy"]]
 
 
+def plot(curves_csv: Path, png: Path) -> None:
+    """Held-out accuracy against wall-clock minutes, one line per run (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for r in csv.DictReader(curves_csv.open()):
+        runs.setdefault(r["run"], []).append((float(r["elapsed_s"]), float(r["eval_accuracy"])))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in runs.items():
+        ax.plot([t / 60 for t, _ in pts], [acc for _, acc in pts], marker="o", label=name)
+    ax.set_xlabel("wall-clock minutes since the run started")
+    ax.set_ylabel("held-out accuracy (greedy, exact answer)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6)
@@ -117,7 +138,13 @@ def main() -> int:
     ap.add_argument("--etas", default="0,1,2")
     ap.add_argument("--no-sync", action="store_true", help="only the asynchronous runs")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "areal-async-rl")
+    ap.add_argument(
+        "--plot", nargs=2, type=Path, metavar=("CURVES_CSV", "PNG"), help="only draw a PNG"
+    )
     a = ap.parse_args()
+    if a.plot:
+        plot(*a.plot)
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     common = [
         f"seed={a.seed}",
@@ -168,21 +195,10 @@ def main() -> int:
             w.writerows([name, t, acc] for t, acc in pts)
     (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plot(a.out / "curves.csv", a.out / "curves.png")
     except ImportError:
-        print(f"\ncurves: {a.out / 'curves.csv'} (matplotlib not installed: no PNG)")
+        print(f"\ncurves: {a.out / 'curves.csv'} (matplotlib not installed: no PNG; --plot)")
         return 0
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in curves.items():
-        ax.plot([t / 60 for t, _ in pts], [acc for _, acc in pts], marker="o", label=name)
-    ax.set_xlabel("wall-clock minutes")
-    ax.set_ylabel("held-out accuracy")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(a.out / "curves.png", dpi=100)
     print(f"\ncurves: {a.out / 'curves.csv'}, {a.out / 'curves.png'}")
     return 0
 
