@@ -46,7 +46,7 @@ stage "unit tests" unit_tests
 real_model_tests=(
   tests/e2e/test_real_model.py tests/e2e/test_real_model_agents.py
   tests/e2e/test_real_model_long_sessions.py tests/e2e/test_setup_model.py
-  tests/train/test_smol_grpo.py tests/harness/test_harnesses_smol.py
+  tests/train/test_smol_grpo.py tests/train/test_smol_async.py tests/harness/test_harnesses_smol.py
 )
 # --durations: the slowest tests of each e2e stage, to keep the whole run under 45 minutes.
 # AREAL_TEST_REQUIRE_HARNESSES: bootstrap installed the harnesses; their tests must not skip.

@@ -274,10 +274,23 @@ class Trainer:
         temperature: float = 1.0,
         ppo_epochs: int = 1,
         n_minibatches: int = 1,
+        decoupled: bool = False,
+        behav_imp_weight_cap: float = 5.0,
     ) -> dict[str, Any]:
+        """A PPO-clipped policy-gradient step. `decoupled`: the decoupled objective of
+        asynchronous RL, for rows sampled by older weights: the clipped ratio is taken
+        against a proximal policy (this model before the step, recomputed here) rather than
+        the behaviour policy that sampled the tokens (the recorded `logprobs`), and each
+        token's loss is weighted by the behaviour importance weight pi_prox / pi_behav,
+        clipped at `behav_imp_weight_cap`, so that stale samples are corrected, not ignored.
+        With fresh rows (behaviour = proximal) it is plain PPO."""
         self._need()
         if kl_coef > 0 and self.ref is None:
             raise ValueError("kl_coef > 0 needs init(ref_model=true)")
+        if decoupled:
+            # The proximal policy: the weights every minibatch of this step starts from.
+            prox = self.logprobs(rows, temperature)["logprobs"]
+            rows = [{**r, "prox_logprobs": p} for r, p in zip(rows, prox, strict=True)]
         self.model.train()
         stats: dict[str, float] = {
             "loss": 0.0,
@@ -287,6 +300,8 @@ class Trainer:
             "approx_kl": 0.0,
             "kl_ref": 0.0,
             "entropy": 0.0,
+            "behav_weight_mean": 0.0,
+            "behav_weight_clipped": 0.0,
         }
         norms: list[float] = []
         n_updates = 0
@@ -298,12 +313,22 @@ class Trainer:
                 mask = batch["loss_mask"][:, 1:]
                 n = mask.sum().clamp(min=1.0)
                 old_lp = batch["logprobs"][:, 1:]
+                weight = torch.ones_like(mask)
+                if decoupled:
+                    behav_lp = old_lp
+                    old_lp = _padded([r["prox_logprobs"] for r in mb], mask.shape[1] + 1)[:, 1:]
+                    raw = torch.exp((old_lp - behav_lp) * mask)
+                    weight = raw.clamp(max=behav_imp_weight_cap)
+                    with torch.no_grad():
+                        stats["behav_weight_mean"] += float((raw * mask).sum() / n)
+                        over = (raw > behav_imp_weight_cap).float() * mask
+                        stats["behav_weight_clipped"] += float(over.sum() / n)
                 adv = batch["advantage"].unsqueeze(1)
                 log_ratio = (new_lp - old_lp) * mask
                 ratio = torch.exp(log_ratio)
                 surr1 = ratio * adv
                 surr2 = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip) * adv
-                pg = -torch.min(surr1, surr2)
+                pg = -torch.min(surr1, surr2) * weight
                 loss = (pg * mask).sum() / n
                 kl_ref = torch.zeros(())
                 if kl_coef > 0:
@@ -327,7 +352,16 @@ class Trainer:
                 n_tokens += int(mask.sum())
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        for k in ("loss", "clip_frac", "ratio_mean", "approx_kl", "kl_ref", "entropy"):
+        for k in (
+            "loss",
+            "clip_frac",
+            "ratio_mean",
+            "approx_kl",
+            "kl_ref",
+            "entropy",
+            "behav_weight_mean",
+            "behav_weight_clipped",
+        ):
             stats[k] /= max(1, n_updates)
         return {
             **stats,
@@ -408,6 +442,14 @@ class Trainer:
             shutil.rmtree(out)
         os.replace(tmp, out)
         return {"path": str(out)}
+
+
+def _padded(values: list[list[float]], n: int) -> torch.Tensor:
+    """Per-token lists as one [rows, n] tensor, zero-padded on the right."""
+    out = torch.zeros((len(values), n), dtype=torch.float32)
+    for i, v in enumerate(values):
+        out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
 
 
 def _split(rows: list[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:

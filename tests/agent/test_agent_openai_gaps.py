@@ -126,6 +126,11 @@ def _row(session_id: str, i: int) -> dict[str, Any]:
         "side": False,
         "spans": [[1, 3, ""]],
         "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
+        "min_version": 0,
+        "max_version": 0,
+        "staleness": 0,
+        "stale": False,
+        "failure": "",
         "finish_reason": "stop",
     }
 

@@ -98,6 +98,40 @@ def test_positive_advantage_raises_its_logprob(trainer: TrainerClient) -> None:
     assert stats["kl_ref"] > 0
 
 
+def test_decoupled_step_weights_stale_tokens_by_the_clipped_behaviour_ratio(
+    trainer: TrainerClient,
+) -> None:
+    """The decoupled objective: the clipped ratio against the proximal policy (the weights
+    before the step, recomputed), each token weighted by pi_prox / pi_behav, capped."""
+    problems = data.make_dataset(4)[:1]
+    rows = exported_rows(trainer, problems, group=2, seed=4)
+    rows[0]["advantage"], rows[1]["advantage"] = 1.0, -1.0
+    current = trainer.call("logprobs", rows=rows)["logprobs"]
+    # Fresh rows (behaviour = the current policy): every weight 1, the ratio 1, as plain PPO.
+    for r, lp in zip(rows, current, strict=True):
+        r["logprobs"] = lp
+    fresh = trainer.call("ppo_step", rows=rows, decoupled=True, behav_imp_weight_cap=5.0)
+    assert fresh["behav_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert fresh["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert fresh["behav_weight_clipped"] == 0.0
+    # Stale rows: the behaviour policy gave its tokens 1 nat less than the proximal one does
+    # (weight e ~ 2.72 each, under the cap), then 3 nats less (weight e^3 ~ 20, capped at 5).
+    current = trainer.call("logprobs", rows=rows)["logprobs"]
+    for shift, clipped in ((1.0, 0.0), (3.0, 1.0)):
+        for r, lp in zip(rows, current, strict=True):
+            r["logprobs"] = [
+                v - shift if m else 0.0 for v, m in zip(lp, r["loss_mask"], strict=True)
+            ]
+        stats = trainer.call(
+            "ppo_step", rows=rows, decoupled=True, behav_imp_weight_cap=5.0, eps_clip=1e9
+        )
+        assert stats["behav_weight_mean"] == pytest.approx(math.exp(shift), rel=1e-3)
+        assert stats["behav_weight_clipped"] == pytest.approx(clipped)
+        # The ratio is against the proximal policy, not the (much older) behaviour one.
+        assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        current = trainer.call("logprobs", rows=rows)["logprobs"]
+
+
 def test_sft_step_lowers_loss(trainer: TrainerClient) -> None:
     problems = data.make_dataset(3)[:8]
     items = [{"messages": p.messages(), "answer": str(p.answer)} for p in problems]

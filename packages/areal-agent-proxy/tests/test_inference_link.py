@@ -51,6 +51,11 @@ ROW = {
     "side": False,
     "spans": [[1, 3, ""]],
     "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
+    "min_version": 0,
+    "max_version": 0,
+    "staleness": 0,
+    "stale": False,
+    "failure": "",
     "future_field": {"kept": True},
 }
 

@@ -42,6 +42,11 @@ def row(i: int = 0, **over: Any) -> dict[str, Any]:
         "side": False,
         "spans": [[2, 4, prompt_hash([1, 2])]],
         "tool_calls": {"declared": 1, "called": 1, "parsed": 1},
+        "min_version": 3,
+        "max_version": 3,
+        "staleness": 0,
+        "stale": False,
+        "failure": "",
     }
     out.update(over)
     return out

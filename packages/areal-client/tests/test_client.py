@@ -786,3 +786,60 @@ def test_start_when_admitted_gives_up_at_its_deadline(areal, gw) -> None:
     with pytest.raises(RateLimitError):
         areal.start_session_when_admitted(max_wait_s=0.3)
     assert 1 <= len(gw.requests) <= 2
+
+
+def test_end_session_names_a_failure(areal, gw) -> None:
+    gw.on("POST", "/rl/end_session", {"ended": 1})
+    areal.end_session(_session(0), failure="engine_refusal")
+    assert gw.last_body() == {"failure": "engine_refusal"}
+    areal.end_session("sess-7", failure="timeout")
+    assert gw.last_body() == {"session_ids": ["sess-7"], "failure": "timeout"}
+    with pytest.raises(ValueError, match="failure"):
+        areal.end_session("sess-7", failure="Crashed badly!")
+
+
+def test_export_selection_is_sent_and_the_summary_parsed(areal, gw) -> None:
+    from areal_client import ExportSelection
+
+    summary = {
+        "version": 4,
+        "exported": 1,
+        "marked_stale": 0,
+        "dropped_stale": 2,
+        "masked_tokens": 0,
+        "dropped_groups": 1,
+        "dropped_group_rows": 3,
+        "dropped_failed_rows": 1,
+        "failed": [{"session_id": "sess-1", "group_id": "g", "failure": "timeout"}],
+        "staleness": {"1": 1},
+    }
+    gw.on("POST", "/rl/export_trajectories", {"count": 1, "rows": [row(0)], "summary": summary})
+    result = areal.export(
+        group_id="g", selection=ExportSelection(max_staleness=1, min_usable_group_size=2)
+    )
+    body = gw.last_body()
+    assert (body["max_staleness"], body["min_usable_group_size"]) == (1, 2)
+    # Defaults are not sent: an older gateway gets the request it always got.
+    assert "stale" not in body and "drop_incomplete_group" not in body
+    assert result.summary is not None and result.summary.staleness == {1: 1}
+    assert result.summary.failed[0].failure == "timeout" and result.summary.dropped_stale == 2
+    gw.on("POST", "/rl/export_trajectories", export_answer(row(0)))
+    assert areal.export(group_id="g").summary is None
+    assert "max_staleness" not in gw.last_body()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"stale": "keep"}, "stale"),
+        ({"mask_stale_tokens": True}, "needs max_staleness"),
+        ({"drop_incomplete_group": True, "min_usable_group_size": 2}, "not both"),
+        ({"min_usable_group_size": True}, "min_usable_group_size"),
+    ],
+)
+def test_bad_export_selections_are_refused(kwargs, match) -> None:
+    from areal_client import ExportSelection
+
+    with pytest.raises(ValueError, match=match):
+        ExportSelection(**kwargs)

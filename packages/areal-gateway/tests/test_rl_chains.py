@@ -37,6 +37,11 @@ ROW: dict[str, Any] = {
     "side": True,
     "spans": [[1, 3, "ab" * 16]],
     "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
+    "min_version": 0,
+    "max_version": 0,
+    "staleness": 0,
+    "stale": False,
+    "failure": "",
 }
 
 

@@ -104,6 +104,11 @@ def _valid_row(**over: Any) -> dict[str, Any]:
         "side": False,
         "spans": [[1, 3, "00" * 16]],
         "tool_calls": {"declared": 0, "called": 0, "parsed": 0},
+        "min_version": 0,
+        "max_version": 0,
+        "staleness": 0,
+        "stale": False,
+        "failure": "",
     }
     row.update(over)
     return row

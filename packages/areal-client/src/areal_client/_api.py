@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from areal_client.types import (
     ControlResult,
     ExportAck,
     ExportResult,
+    ExportSelection,
     Group,
     ModelInfo,
     Reward,
@@ -65,6 +67,8 @@ EXPORT_ID_HEADER = "x-areal-export-id"
 MAX_GROUP_SIZE = 1024
 STYLES = ("concat", "individual")
 SIDE_CALLS = ("include", "exclude", "only")
+# A session's failure reason: a short code (the proxy's rule, checked here first).
+_FAILURE = re.compile(r"[a-z0-9_.:-]{1,64}")
 CONTROL_ACTIONS = ("pause", "continue", "set_version", "update_weights")
 # The gateway's bound on a start's wait for admission (StartSessionRequest.wait_s).
 MAX_WAIT_S = 600.0
@@ -267,12 +271,19 @@ class Requests:
             key, body["session_id"] = self.admin, ref
         return Call("POST", "/rl/set_reward", key, lambda doc, _: Reward.from_json(doc), body)
 
-    def end_session(self, session: Session | str) -> Call[int]:
+    def end_session(self, session: Session | str, failure: str | None = None) -> Call[int]:
         ref = _session_ref(session, "end_session")
+        body: dict[str, Any]
         if isinstance(ref, Session):
             key, body = ref.api_key, {}
         else:
             key, body = self.admin, {"session_ids": [ref]}
+        if failure is not None:
+            if not isinstance(failure, str) or not _FAILURE.fullmatch(failure):
+                raise ValueError(
+                    f"failure must be a short code (1 to 64 of a-z 0-9 _ . : -), got {failure!r}"
+                )
+            body["failure"] = failure
 
         def parse(doc: Any, _: int) -> int:
             return int(_get(doc, "ended", int, "end_session"))
@@ -299,6 +310,7 @@ class Requests:
         remove_session: bool,
         lines: bool = False,
         side_calls: str = "include",
+        selection: ExportSelection | None = None,
     ) -> Call[ExportResult]:
         chosen = [x for x in (group_id, session_ids, session) if x]
         if len(chosen) != 1:
@@ -317,11 +329,14 @@ class Requests:
             raise ValueError(f"discount must be a number from 0 to 1, got {discount!r}")
         if not isinstance(remove_session, bool):
             raise ValueError(f"remove_session must be a boolean, got {remove_session!r}")
+        if selection is not None and not isinstance(selection, ExportSelection):
+            raise ValueError(f"selection must be an ExportSelection, got {selection!r:.80}")
         body: dict[str, Any] = {
             "style": style,
             "side_calls": side_calls,
             "discount": float(discount),
             "remove_session": remove_session,
+            **(selection.to_body() if selection is not None else {}),
         }
         key = self.admin
         if group_id:

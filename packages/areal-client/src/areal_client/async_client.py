@@ -38,6 +38,7 @@ from areal_client.types import (
     ControlResult,
     ExportAck,
     ExportResult,
+    ExportSelection,
     Group,
     ModelInfo,
     Reward,
@@ -186,9 +187,12 @@ class AsyncArealClient:
         own key; a session id acts with the admin key."""
         return await self._run(self._api.set_reward(session, reward, interaction_id))
 
-    async def end_session(self, session: Session | str) -> int:
-        """End a session (its records stay exportable); returns how many were ended."""
-        return await self._run(self._api.end_session(session))
+    async def end_session(self, session: Session | str, *, failure: str | None = None) -> int:
+        """End a session (its records stay exportable); returns how many were ended.
+        `failure`: it failed, and why (a short code: "engine_refusal", "timeout",
+        "client_error", ...); exports name it, and their group policies count it as failed.
+        Also for a session already ended (once)."""
+        return await self._run(self._api.end_session(session, failure))
 
     async def session_status(self, session: Session | str) -> SessionStatus:
         """A session's status: its interactions, and how their chat prompts were built
@@ -207,6 +211,7 @@ class AsyncArealClient:
         discount: float = 1.0,
         remove_session: bool = False,
         acknowledge: bool = True,
+        selection: ExportSelection | None = None,
     ) -> ExportResult:
         """Trajectory rows of a group, of sessions (admin key), or of one `session` (its key).
 
@@ -216,7 +221,11 @@ class AsyncArealClient:
         With `remove_session` the sessions are removed once this call has every row: it
         acknowledges the export itself. `acknowledge=False` leaves that to the caller, who
         passes the rows on first: the result's `export_id` goes to `ack_export` once they are
-        safe (until then nothing is removed, and another export returns the same rows)."""
+        safe (until then nothing is removed, and another export returns the same rows).
+
+        Every row carries `staleness`, `min_version`, `max_version`; `selection` bounds
+        staleness and sets group policies (`ExportSelection`); what it held back is in
+        `result.summary`."""
         if not isinstance(acknowledge, bool):
             raise ValueError(f"acknowledge must be a boolean, got {acknowledge!r}")
         call = self._api.export(
@@ -227,6 +236,7 @@ class AsyncArealClient:
             side_calls=side_calls,
             discount=discount,
             remove_session=remove_session,
+            selection=selection,
         )
         result = await self._run(call)
         if remove_session:
@@ -268,12 +278,14 @@ class AsyncArealClient:
         side_calls: str = "include",
         discount: float = 1.0,
         remove_session: bool = False,
+        selection: ExportSelection | None = None,
     ) -> AsyncIterator[Trajectory]:
         """The same rows streamed as JSON lines, one at a time (for exports too large to hold).
 
         Arguments are checked here, before the first row is asked for. With `remove_session`
         the sessions are removed (acknowledged) only after the last row was read: a loop that
         stops early, or a stream that breaks, removes nothing, and a new export has every row.
+        `selection` as in `export` (JSON lines carry no summary).
         """
         call = self._api.export(
             group_id=group_id,
@@ -284,6 +296,7 @@ class AsyncArealClient:
             discount=discount,
             remove_session=remove_session,
             lines=True,
+            selection=selection,
         )
         return self._rows(call, remove_session)
 

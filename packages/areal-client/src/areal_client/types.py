@@ -198,6 +198,11 @@ _ROW_FIELDS = (
     "side",
     "spans",
     "tool_calls",
+    "min_version",
+    "max_version",
+    "staleness",
+    "stale",
+    "failure",
 )
 # Present in agent mode only (absent, never null, elsewhere).
 _OPTIONAL_ROW_FIELDS = ("agent_session_id",)
@@ -258,6 +263,15 @@ class Trajectory:
     # input_ids[:start] (`uncertified_spans()` checks; areal_client.spans).
     spans: list[tuple[int, int, str]]
     tool_calls: ToolCallCounts
+    # The oldest and newest weight version of the trainable tokens as recorded (-1: none),
+    # and the current version at export minus the oldest (docs/services.md, "Staleness").
+    min_version: int
+    max_version: int
+    staleness: int
+    # Past the export's max_staleness, kept because it asked stale="mark".
+    stale: bool
+    # Why the session failed, as its end said ("" when it did not).
+    failure: str
     agent_session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -288,6 +302,11 @@ class Trajectory:
             tool_calls=ToolCallCounts.from_json(
                 _get(doc, "tool_calls", dict, w), f"{w}.tool_calls"
             ),
+            min_version=_get(doc, "min_version", int, w),
+            max_version=_get(doc, "max_version", int, w),
+            staleness=_get(doc, "staleness", int, w),
+            stale=_get(doc, "stale", bool, w),
+            failure=_get(doc, "failure", str, w),
             agent_session_id=(
                 _get(doc, "agent_session_id", str, w) if "agent_session_id" in doc else None
             ),
@@ -326,6 +345,117 @@ class Trajectory:
         return out
 
 
+STALE_ACTIONS = ("drop", "mark")
+
+
+@dataclass(frozen=True)
+class ExportSelection:
+    """Which rows an export keeps (docs/services.md, "Staleness"); the defaults keep every
+    row. `max_staleness`: rows whose staleness is past it are dropped, or with
+    `stale="mark"` kept marked `stale`; `mask_stale_tokens`: tokens older than the bound get
+    loss_mask 0 instead (only rows left with none are past it). Per group:
+    `drop_incomplete_group` (all or nothing) or `min_usable_group_size` (the members that did
+    not fail and kept a row, or none when fewer). Checked when made."""
+
+    max_staleness: int | None = None
+    stale: str = "drop"
+    mask_stale_tokens: bool = False
+    drop_incomplete_group: bool = False
+    min_usable_group_size: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.max_staleness
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"max_staleness must be an integer >= 0, got {n!r}")
+        if self.stale not in STALE_ACTIONS:
+            raise ValueError(f"stale must be one of {', '.join(STALE_ACTIONS)}, got {self.stale!r}")
+        for name in ("mask_stale_tokens", "drop_incomplete_group"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.mask_stale_tokens and n is None:
+            raise ValueError("mask_stale_tokens needs max_staleness")
+        k = self.min_usable_group_size
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"min_usable_group_size must be an integer >= 0, got {k!r}")
+        if k and self.drop_incomplete_group:
+            raise ValueError("give drop_incomplete_group or min_usable_group_size, not both")
+
+    def to_body(self) -> dict[str, Any]:
+        """The request's fields that differ from the defaults (an older gateway then gets the
+        same request as before when nothing is asked)."""
+        defaults = ExportSelection()
+        return {
+            k: v
+            for k in (
+                "max_staleness",
+                "stale",
+                "mask_stale_tokens",
+                "drop_incomplete_group",
+                "min_usable_group_size",
+            )
+            if (v := getattr(self, k)) != getattr(defaults, k)
+        }
+
+
+@dataclass(frozen=True)
+class FailedSession:
+    """A session of an export that failed, and why (as its end said)."""
+
+    session_id: str
+    group_id: str
+    failure: str
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export kept and held back (docs/services.md, "Export summary"): rows
+    `exported` (`marked_stale` among them), `dropped_stale`, tokens masked, groups dropped
+    whole and their rows, failed members' rows left out, the failed sessions, and the
+    exported rows by staleness, all at weight `version`."""
+
+    version: int
+    exported: int
+    marked_stale: int
+    dropped_stale: int
+    masked_tokens: int
+    dropped_groups: int
+    dropped_group_rows: int
+    dropped_failed_rows: int
+    failed: list[FailedSession]
+    staleness: dict[int, int]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ExportSummary:
+        w = "export summary"
+        ints = {
+            k: _get(doc, k, int, w)
+            for k in (
+                "version",
+                "exported",
+                "marked_stale",
+                "dropped_stale",
+                "masked_tokens",
+                "dropped_groups",
+                "dropped_group_rows",
+                "dropped_failed_rows",
+            )
+        }
+        failed = [
+            FailedSession(
+                _get(f, "session_id", str, w),
+                _get(f, "group_id", str, w),
+                _get(f, "failure", str, w),
+            )
+            for f in _items(doc, "failed", w)
+        ]
+        hist = _get(doc, "staleness", dict, w)
+        try:
+            staleness = {int(k): int(v) for k, v in hist.items()}
+        except (TypeError, ValueError) as e:
+            raise InvalidResponseError(f"{w}: staleness must map integers to counts") from e
+        return cls(**ints, failed=failed, staleness=staleness)
+
+
 @dataclass(frozen=True)
 class ExportResult:
     """The rows of one `export_trajectories` call."""
@@ -335,6 +465,8 @@ class ExportResult:
     # With remove_session: the id to acknowledge (`ack_export`) once the rows are safe; the
     # sessions are removed only then. `export` does it itself before it returns.
     export_id: str | None = None
+    # What the export kept and held back (None from an older gateway).
+    summary: ExportSummary | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> ExportResult:
@@ -345,7 +477,13 @@ class ExportResult:
         export_id = doc.get("export_id")
         if export_id is not None and (not isinstance(export_id, str) or not export_id):
             raise InvalidResponseError(f"export: export_id must be a string, got {export_id!r}")
-        return cls(len(rows), rows, export_id)
+        summary = doc.get("summary")
+        return cls(
+            len(rows),
+            rows,
+            export_id,
+            ExportSummary.from_json(summary) if summary is not None else None,
+        )
 
     def __len__(self) -> int:
         return len(self.rows)

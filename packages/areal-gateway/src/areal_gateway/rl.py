@@ -101,6 +101,27 @@ def export_routes(export_id: str) -> list[str]:
     return routes
 
 
+def merged_summary(parts: list[bytes]) -> dict[str, Any]:
+    """One export's summary from its proxies' (each counted its own rows)."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        doc = orjson.loads(part)
+        for key, value in doc.items():
+            if key == "version":
+                out[key] = max(out.get(key, value), value)
+            elif key == "failed":
+                out.setdefault(key, []).extend(value)
+            elif key == "staleness":
+                hist = out.setdefault(key, {})
+                for k, n in value.items():
+                    hist[k] = hist.get(k, 0) + n
+            else:
+                out[key] = out.get(key, 0) + value
+    if "staleness" in out:
+        out["staleness"] = dict(sorted(out["staleness"].items(), key=lambda kv: int(kv[0])))
+    return out
+
+
 def _envelope(p: Principal, request: Request) -> envelope_pb2.Envelope:
     return envelope_pb2.Envelope(
         request_id=request_id(request),
@@ -266,7 +287,8 @@ async def end_session(
     principal: AnyKey,
     body: Annotated[EndSessionRequest, Body(default_factory=EndSessionRequest)],
 ) -> Response:
-    """End a session (its own key) or sessions (the admin key lists them)."""
+    """End a session (its own key) or sessions (the admin key lists them); `failure` says
+    they failed, and why (export group policies count them as failed)."""
     ids = [principal.session_id] if principal.session_id else (body.session_ids or [])
     if not ids:
         raise bad_request(
@@ -276,7 +298,11 @@ async def end_session(
     for sid in ids:
         address = await _where(gw, sid)
         ended += await gw.proxies.get(address).end_sessions(
-            proxy_pb2.EndSessionsRequest(session_ids=[sid], envelope=_envelope(principal, request))
+            proxy_pb2.EndSessionsRequest(
+                session_ids=[sid],
+                envelope=_envelope(principal, request),
+                failure=body.failure or "",
+            )
         )
     # Ended sessions no longer generate: they leave the concurrency bound (not the staleness
     # bound: their samples are not yet consumed). Idempotent, like the end itself.
@@ -301,6 +327,15 @@ async def export_trajectories(
     side_calls = body.side_calls or "include"
     discount = body.discount
     remove = body.remove_session
+    # Staleness bound and group policies: unset fields keep every row, as before.
+    selection: dict[str, Any] = {
+        "stale": body.stale or "drop",
+        "mask_stale_tokens": body.mask_stale_tokens,
+        "drop_incomplete_group": body.drop_incomplete_group,
+        "min_usable_group_size": body.min_usable_group_size,
+    }
+    if body.max_staleness is not None:
+        selection["max_staleness"] = body.max_staleness
     if principal.session_id:
         if group_id or any(s != principal.session_id for s in session_ids):
             raise PermissionDenied(
@@ -331,6 +366,8 @@ async def export_trajectories(
         routes = [group_pin(group_id)] if group_id else [ids[0] for ids in targets.values()]
         export_id = new_export_id(routes)
 
+    summaries: list[bytes] = []
+
     def export_call(address: str, ids: list[str]) -> AsyncIterator[bytes]:
         return gw.proxies.get(address).export(
             proxy_pb2.ExportTrajectoriesRequest(
@@ -342,8 +379,10 @@ async def export_trajectories(
                 remove_session=remove,
                 envelope=env,
                 export_id=export_id,
+                **selection,
             ),
             timeout,
+            summaries,
         )
 
     wants_lines = body.format == "jsonl" or _NDJSON in request.headers.get("accept", "")
@@ -356,6 +395,8 @@ async def export_trajectories(
         data = b"".join(parts)
         count = data.count(b"\n")
         tail = b',"export_id":' + orjson.dumps(export_id) if export_id else b""
+        if summaries:
+            tail += b',"summary":' + orjson.dumps(merged_summary(summaries))
         return Response(
             b'{"count":'
             + str(count).encode()

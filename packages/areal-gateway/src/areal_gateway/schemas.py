@@ -311,6 +311,12 @@ class RewardResult(_Response):
 
 class EndSessionRequest(_Request):
     session_ids: list[Id] | None = Field(None, description="with the admin key: the sessions")
+    failure: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_.:-]{1,64}$")] | None = Field(
+        None,
+        description="the sessions failed, and why (a short code: engine_refusal, timeout, "
+        "client_error, ...): kept with them, on their rows and in export summaries, and what "
+        "export group policies count as failed; also for a session already ended, once",
+    )
 
 
 class EndedSessions(_Response):
@@ -331,6 +337,33 @@ class ExportRequest(_Request):
     remove_session: bool = False
     format: Literal["json", "jsonl"] | None = Field(
         None, description="jsonl: JSON lines, as with `Accept: application/x-ndjson`"
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="a staleness bound in weight versions: rows past it are dropped (or "
+        "marked, `stale`); none by default",
+    )
+    stale: Literal["drop", "mark"] | None = Field(
+        "drop", description="rows past max_staleness: drop them, or mark them `stale: true`"
+    )
+    mask_stale_tokens: bool = Field(
+        False,
+        description="with max_staleness: trainable tokens older than the current version "
+        "minus max_staleness get loss_mask 0; only rows left with none are past the bound",
+    )
+    drop_incomplete_group: bool = Field(
+        False,
+        description="per group, all or nothing: none of its rows when a member failed or "
+        "has no row left",
+    )
+    min_usable_group_size: int = Field(
+        0,
+        ge=0,
+        le=MAX_GROUP_SIZE,
+        description="per group: the usable members' rows (not failed, a row left), or none "
+        "when fewer than this many are usable; 0: no such policy",
     )
 
 
@@ -447,6 +480,37 @@ class TrajectoryRow(_Response):
             "tool-call parser read; the rest were left in the content as text, or cut off)."
         )
     )
+    min_version: int = Field(
+        description=(
+            "The oldest weight version of the row's trainable tokens as recorded (loss_mask "
+            "1 before any masking); -1 when it has none."
+        )
+    )
+    max_version: int = Field(
+        description=(
+            "The newest weight version of the row's trainable tokens as recorded; -1 when "
+            "it has none."
+        )
+    )
+    staleness: int = Field(
+        description=(
+            "The proxy's current weight version at export minus min_version, never below 0; "
+            "0 for a row with no trainable token."
+        )
+    )
+    stale: bool = Field(
+        description=(
+            "Past the export's max_staleness, and kept because the export asked stale=mark; "
+            "false otherwise."
+        )
+    )
+    failure: str = Field(
+        description=(
+            "Why the row's session failed, as its end said (a short code: an engine "
+            "refusal, a timeout, a client's failure); empty for a session that did not "
+            "fail."
+        )
+    )
     agent_session_id: str | SkipJsonSchema[None] = Field(
         None,
         description="Agent mode only: the agent session the row was exported for.",
@@ -454,9 +518,35 @@ class TrajectoryRow(_Response):
     )
 
 
+class FailedSession(_Response):
+    session_id: str
+    group_id: str
+    failure: str = Field(description="why it failed, as its end said")
+
+
+class ExportSummary(_Response):
+    """What an export kept and held back (docs/services.md, "Export summary")."""
+
+    version: int = Field(description="the current weight version staleness was measured at")
+    exported: int = Field(description="rows exported (marked_stale among them)")
+    marked_stale: int = Field(description="rows past max_staleness, exported marked stale")
+    dropped_stale: int = Field(description="rows past max_staleness, dropped")
+    masked_tokens: int = Field(description="trainable tokens masked as older than the bound")
+    dropped_groups: int = Field(description="groups a group policy dropped whole")
+    dropped_group_rows: int = Field(description="the rows of those groups")
+    dropped_failed_rows: int = Field(
+        description="rows of failed members left out of groups kept (min_usable_group_size)"
+    )
+    failed: list[FailedSession] = Field(description="the export's failed sessions")
+    staleness: dict[str, int] = Field(description="exported rows by staleness")
+
+
 class ExportResult(_Response):
     count: int
     rows: list[TrajectoryRow]
+    summary: ExportSummary | None = Field(
+        None, description="what the export kept and held back (absent from an older proxy)"
+    )
     export_id: str | None = Field(
         None,
         description="with remove_session: POST /rl/ack_export with it once every row is "

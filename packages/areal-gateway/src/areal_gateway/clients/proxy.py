@@ -506,12 +506,19 @@ class ProxyClient:
         return status
 
     async def export(
-        self, request: proxy_pb2.ExportTrajectoriesRequest, timeout_s: float | None
+        self,
+        request: proxy_pb2.ExportTrajectoriesRequest,
+        timeout_s: float | None,
+        summaries: list[bytes] | None = None,
     ) -> AsyncIterator[bytes]:
-        """JSON lines of exported rows, chunk by chunk as the proxy reads them."""
+        """JSON lines of exported rows, chunk by chunk as the proxy reads them; the export's
+        summary (its last chunk; none from an older proxy) goes to `summaries`."""
         call = self._stub.ExportTrajectories(request, timeout=timeout_s, metadata=self._md)
         async for msg in read_messages(call, self.address):
-            yield bytes(msg.jsonl)
+            if msg.summary and summaries is not None:
+                summaries.append(bytes(msg.summary))
+            if msg.jsonl:
+                yield bytes(msg.jsonl)
 
     async def ack_export(self, request: proxy_pb2.AckExportRequest) -> proxy_pb2.AckExportResponse:
         """Remove what an export with removal claimed here (its client has every row)."""

@@ -72,3 +72,6 @@ class Session:
     # reward_closed_at + set_reward_finish_timeout.
     last_reward_at: float | None = None
     n_interactions: int = 0
+    # Why the session failed, as the client said when ending it ("engine_refusal",
+    # "timeout", ...); "" for a session that did not fail. Export group policies count it.
+    failure: str = ""

@@ -20,6 +20,10 @@ Styles:
 
 `side_calls`: "include" (every row), "exclude" (rows that are not side calls), "only".
 
+Every row also carries its staleness (`min_version`, `max_version`, `staleness`, `stale`) and
+its session's `failure`; which rows are kept (a staleness bound, group policies) and the
+export's summary: recording/selection.py.
+
 Discount: rewards walk back over a session's turns, `r_i += discount * r_{i+1}`
 (an unrewarded turn counts as 0). The choices of one request (`n`, same `response_id`) are
 one step: alternatives, not a chain, so none adds to another; the turn before them gets the
@@ -33,7 +37,9 @@ from typing import Any
 
 from areal_proxy.common.records import Interaction, Session
 from areal_proxy.recording import chains as chaining
+from areal_proxy.recording import selection
 from areal_proxy.recording.chains import Chain
+from areal_proxy.recording.selection import Policy, Summary
 
 STYLES = ("concat", "individual")
 DEFAULT_STYLE = "concat"
@@ -192,14 +198,14 @@ def individual_rows(
     session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
     """One row per interaction (whose span is certified), in the order recorded."""
-    return _session_rows(session, turns, discount, recorder, "individual")
+    return rows([(session, turns)], "individual", discount, recorder)
 
 
 def concat_rows(
     session: Session, turns: list[Interaction], discount: float, recorder: str = "proxy"
 ) -> Iterator[dict[str, Any]]:
     """One row per chain, in the order of each chain's last turn."""
-    return _session_rows(session, turns, discount, recorder, "concat")
+    return rows([(session, turns)], "concat", discount, recorder)
 
 
 def rows(
@@ -208,7 +214,19 @@ def rows(
     discount: float,
     recorder: str = "proxy",
     side_calls: str = "include",
+    *,
+    version: int = 0,
+    policy: Policy | None = None,
+    summary: Summary | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """`recorder`: the recording proxy's id, the replica of tokens recorded without one."""
-    for session, turns in sessions:
-        yield from _session_rows(session, turns, discount, recorder, style, side_calls)
+    """`recorder`: the recording proxy's id, the replica of tokens recorded without one.
+    `version`: the current weight version, which each row's staleness is measured against;
+    `policy`: which rows are kept (recording/selection.py; every row by default), counted in
+    `summary` as they are read."""
+    per_session = (
+        (session, _session_rows(session, turns, discount, recorder, style, side_calls))
+        for session, turns in sessions
+    )
+    return selection.select(
+        per_session, policy or Policy(), version, summary if summary is not None else Summary(0)
+    )

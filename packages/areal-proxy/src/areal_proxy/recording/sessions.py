@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -41,8 +42,9 @@ from typing import Any, TypeVar, cast
 from areal_proxy.common.records import Interaction, Session
 from areal_proxy.prompt.incremental import Previous
 from areal_proxy.prompt.state import CachedTurn, PromptState, TurnCache
-from areal_proxy.recording import export
+from areal_proxy.recording import export, selection
 from areal_proxy.recording.lineage import Lineage
+from areal_proxy.recording.selection import Policy, Summary
 from areal_proxy.recording.spans import pack_ids, prompt_hasher
 from areal_proxy.recording.store import Store
 from areal_runtime.errors import (
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 # for the next `_SLOW_WRITE_PAUSE_S`.
 _SLOW_WRITE_S = 0.005
 _SLOW_WRITE_PAUSE_S = 30.0
+# A failure reason: a short code, not free text (it is a row field and a summary key).
+_FAILURE = re.compile(r"[a-z0-9_.:-]{1,64}")
 
 
 @dataclass(slots=True)
@@ -213,11 +217,20 @@ class SessionBook:
             raise SessionExists(f"session already exists: {e}") from e
         self._count_live()
 
-    def end(self, session_ids: list[str]) -> int:
+    def end(self, session_ids: list[str], failure: str = "") -> int:
+        """End sessions; with `failure`, record why they failed (also on sessions already
+        ended, unless a failure is recorded there already). Returns how many were ended."""
+        if failure and not _FAILURE.fullmatch(failure):
+            raise InvalidRequest(
+                "failure must be a short code: 1 to 64 of a-z, 0-9, '_', '-', '.', ':'",
+                param="failure",
+            )
         for sid in session_ids:
             self._live.pop(sid, None)
         self.turns.drop(session_ids)
         ended = self.store.end_sessions(session_ids)
+        if failure:
+            self.store.fail_sessions(session_ids, failure)
         self._count_live()
         return ended
 
@@ -482,8 +495,22 @@ class SessionBook:
         return out
 
     def export_rows(
-        self, sessions: list[Session], style: str, discount: float, side_calls: str = "include"
+        self,
+        sessions: list[Session],
+        style: str,
+        discount: float,
+        side_calls: str = "include",
+        *,
+        version: int = 0,
+        policy: Policy | None = None,
+        summary: Summary | None = None,
     ) -> Iterator[dict[str, Any]]:
+        """Rows of `sessions`, each with its staleness against `version`, as `policy` keeps
+        them (recording/selection.py), counted in `summary` as they are read."""
+        policy = policy or Policy()
+        policy.check()
+        if policy.by_group:
+            sessions = selection.by_group(sessions)
         if style not in export.STYLES:
             raise InvalidRequest(f"style must be one of {', '.join(export.STYLES)}", param="style")
         if not 0.0 <= discount <= 1.0:
@@ -495,7 +522,16 @@ class SessionBook:
         pairs = zip(
             sessions, self.store.iter_interactions([s.session_id for s in sessions]), strict=True
         )
-        return export.rows(pairs, style, discount, recorder=self.proxy_id, side_calls=side_calls)
+        return export.rows(
+            pairs,
+            style,
+            discount,
+            recorder=self.proxy_id,
+            side_calls=side_calls,
+            version=version,
+            policy=policy,
+            summary=summary,
+        )
 
     def remove(self, sessions: list[Session]) -> None:
         self.remove_ids([s.session_id for s in sessions])

@@ -95,6 +95,8 @@ _MIGRATIONS = (
     ("interactions", "tool_calls_made", "INTEGER NOT NULL DEFAULT 0"),
     ("interactions", "tool_calls_parsed", "INTEGER NOT NULL DEFAULT 0"),
     ("interactions", "prompt_hash", "TEXT NOT NULL DEFAULT ''"),
+    # Why a session failed, as its end said ("" for none, and for rows from before).
+    ("sessions", "failure", "TEXT NOT NULL DEFAULT ''"),
 )
 # After the migrations: the index on a migrated column.
 _INDEXES = """
@@ -104,7 +106,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_export ON sessions(exported_at)
 
 _SESSION_COLS = (
     "session_id, group_id, task_id, key_hash, model, created_at, last_active_at, ended_at, "
-    "last_reward_at, n_interactions"
+    "last_reward_at, n_interactions, failure"
 )
 _INTERACTION_COLS = (
     "interaction_id, session_id, seq, parent_id, messages, response, prompt_ids, output_ids, "
@@ -401,13 +403,14 @@ class Store:
                 s.ended_at,
                 s.last_reward_at,
                 s.n_interactions,
+                s.failure,
             )
             for s in sessions
         ]
         self._forget(r[0] for r in rows)
         with self._tx():
             self._db.executemany(
-                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
             )
 
     def session(self, session_id: str) -> Session | None:
@@ -431,6 +434,17 @@ class Store:
             cur = self._db.executemany(
                 "UPDATE sessions SET ended_at = ? WHERE session_id = ? AND ended_at IS NULL",
                 [(at, s) for s in session_ids],
+            )
+        return cur.rowcount
+
+    def fail_sessions(self, session_ids: Iterable[str], failure: str) -> int:
+        """Record why sessions failed, on those with no failure yet (ended or not)."""
+        session_ids = list(session_ids)
+        self._forget(session_ids)
+        with self._tx():
+            cur = self._db.executemany(
+                "UPDATE sessions SET failure = ? WHERE session_id = ? AND failure = ''",
+                [(failure, s) for s in session_ids],
             )
         return cur.rowcount
 

@@ -13,6 +13,9 @@ from areal_proxy.generation.migration import OUTCOMES as MIGRATION_OUTCOMES
 from areal_proxy.prompt.incremental import FALLBACK_REASONS, Built
 from areal_proxy.prompt.state import TurnCache
 
+EXPORT_OUTCOMES = ("exported", "marked_stale", "dropped_stale", "dropped_group", "dropped_failed")
+# Weight versions: the bounds asked in practice are small (0 to a few).
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 
 
@@ -142,6 +145,33 @@ class ProxyMetrics(_Served):
             self.prompt_builds.labels(path)
         for reason in FALLBACK_REASONS:
             self.prompt_fallbacks.labels(reason)
+        self.export_staleness = Histogram(
+            "areal_proxy_export_row_staleness",
+            "staleness of exported rows (current weight version minus the row's oldest "
+            "trainable token's version)",
+            buckets=_STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.export_rows = Counter(
+            "areal_proxy_export_rows_total",
+            "rows of exports by outcome: exported (marked_stale among them), dropped_stale, "
+            "dropped_group (its group's policy dropped the group), dropped_failed (a failed "
+            "member's rows left out of a group kept)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in EXPORT_OUTCOMES:
+            self.export_rows.labels(outcome)
+        self.export_groups_dropped = Counter(
+            "areal_proxy_export_groups_dropped_total",
+            "groups an export's group policy dropped whole",
+            registry=r,
+        )
+        self.export_masked_tokens = Counter(
+            "areal_proxy_export_masked_tokens_total",
+            "trainable tokens an export masked (loss_mask 0) as older than its bound",
+            registry=r,
+        )
         self.turn_cache_bytes = Gauge(
             "areal_proxy_prompt_cache_bytes",
             "estimated memory of the cached last turns of live sessions",
@@ -155,6 +185,23 @@ class ProxyMetrics(_Served):
             "sessions evicted from the turn cache since the proxy started",
             registry=r,
         )
+
+    def observe_export(
+        self,
+        staleness: dict[int, int],
+        rows: dict[str, int],
+        groups_dropped: int,
+        masked_tokens: int,
+    ) -> None:
+        """What one export handed over and what it held back (recording/selection.py):
+        exported rows by staleness, rows by outcome (EXPORT_OUTCOMES)."""
+        for value, n in staleness.items():
+            for _ in range(n):
+                self.export_staleness.observe(value)
+        for outcome, n in rows.items():
+            self.export_rows.labels(outcome).inc(n)
+        self.export_groups_dropped.inc(groups_dropped)
+        self.export_masked_tokens.inc(masked_tokens)
 
     def observe_prompt(self, built: Built) -> None:
         self.prompt_builds.labels("incremental" if built.incremental else "full").inc()

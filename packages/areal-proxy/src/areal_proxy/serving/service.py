@@ -27,6 +27,7 @@ from areal_proxy.generation.migration import MigrationFailed, continue_steps
 from areal_proxy.inference import InferenceHandler
 from areal_proxy.recording import export
 from areal_proxy.recording.claims import ExportClaims
+from areal_proxy.recording.selection import Policy, Summary
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.serving.metrics import ProxyMetrics
 from areal_proxy.serving.multiplex import GenerateStream
@@ -542,7 +543,7 @@ class ProxyServicer(
             for sid in request.session_ids:
                 self._acting_on(env, sid, for_turn=False)
             return proxy_pb2.EndSessionsResponse(
-                ended=self._sessions().end(list(request.session_ids))
+                ended=self._sessions().end(list(request.session_ids), request.failure)
             )
 
         return await self._rpc("EndSessions", context, act)
@@ -574,6 +575,17 @@ class ProxyServicer(
             book = self._sessions()
             env = request.envelope if request.HasField("envelope") else None
 
+            summary = Summary(self.controller.version)
+            policy = Policy(
+                max_staleness=(
+                    request.max_staleness if request.HasField("max_staleness") else None
+                ),
+                stale=request.stale or "drop",
+                mask_stale_tokens=request.mask_stale_tokens,
+                drop_incomplete_group=request.drop_incomplete_group,
+                min_usable_group_size=request.min_usable_group_size,
+            )
+
             def prepare() -> tuple[list[Session], Iterator[dict[str, Any]]]:
                 if request.remove_session and not request.export_id:
                     raise InvalidRequest(
@@ -588,7 +600,16 @@ class ProxyServicer(
                 # proto3 cannot tell 0.0 from unset: the gateway always sends the discount.
                 style = request.style or export.DEFAULT_STYLE
                 side_calls = request.side_calls or "include"
-                return sessions, book.export_rows(sessions, style, request.discount, side_calls)
+                rows = book.export_rows(
+                    sessions,
+                    style,
+                    request.discount,
+                    side_calls,
+                    version=summary.version,
+                    policy=policy,
+                    summary=summary,
+                )
+                return sessions, rows
 
             def next_chunk(rows: Iterator[dict[str, Any]]) -> list[bytes]:
                 out: list[bytes] = []
@@ -605,6 +626,14 @@ class ProxyServicer(
             sessions, rows = await book.call(prepare)
             while batch := await book.call(next_chunk, rows):
                 await context.write(proxy_pb2.ExportChunk(jsonl=b"".join(batch), rows=len(batch)))
+            # Every row is read: the summary is whole. Last, in a chunk of its own.
+            await context.write(proxy_pb2.ExportChunk(summary=orjson.dumps(summary.to_json())))
+            self.metrics.observe_export(
+                summary.staleness,
+                summary.outcomes(),
+                summary.dropped_groups,
+                summary.masked_tokens,
+            )
             # Removal only when asked, and never here: the rows are only handed to gRPC, and
             # the client may still not get them (another proxy of the export fails, the
             # gateway or the client goes away). The sessions are claimed under the export's

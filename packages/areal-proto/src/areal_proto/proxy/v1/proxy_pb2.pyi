@@ -131,6 +131,13 @@ class EndSessionsRequest(_message.Message):
 
     SESSION_IDS_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    failure: _builtins.str
+    """Empty: the sessions ended normally. Else why they failed (a short code such as
+    "engine_refusal", "timeout", "client_error"): kept with the session, named in the
+    export's summary and on its rows, and what export group policies count as failed.
+    Also accepted for a session already ended (a failure found later), once.
+    """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -142,10 +149,11 @@ class EndSessionsRequest(_message.Message):
         *,
         session_ids: _abc.Iterable[_builtins.str] | None = ...,
         envelope: _envelope_pb2.Envelope | None = ...,
+        failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "session_ids", b"session_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "failure", b"failure", "session_ids", b"session_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,6 +291,11 @@ class ExportTrajectoriesRequest(_message.Message):
     ENVELOPE_FIELD_NUMBER: _builtins.int
     EXPORT_ID_FIELD_NUMBER: _builtins.int
     SIDE_CALLS_FIELD_NUMBER: _builtins.int
+    MAX_STALENESS_FIELD_NUMBER: _builtins.int
+    STALE_FIELD_NUMBER: _builtins.int
+    MASK_STALE_TOKENS_FIELD_NUMBER: _builtins.int
+    DROP_INCOMPLETE_GROUP_FIELD_NUMBER: _builtins.int
+    MIN_USABLE_GROUP_SIZE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     style: _builtins.str
     """"concat" (one row per chain; the default when empty) or "individual"."""
@@ -295,6 +308,23 @@ class ExportTrajectoriesRequest(_message.Message):
     side_calls: _builtins.str
     """Which rows by their `side` mark: "include" (every row; the default when empty),
     "exclude" (no side call) or "only" (side calls alone).
+    """
+    max_staleness: _builtins.int
+    """Staleness bound, in weight versions, against the proxy's current version (unset: no
+    bound; every row still carries its staleness). A row is past it when its oldest
+    trainable token is (or, with mask_stale_tokens, its newest).
+    """
+    stale: _builtins.str
+    """What happens to a row past max_staleness: "drop" (the default when empty) or "mark"
+    (exported with stale: true).
+    """
+    mask_stale_tokens: _builtins.bool
+    """With max_staleness: trainable tokens older than current - max_staleness get loss_mask 0."""
+    drop_incomplete_group: _builtins.bool
+    """Per group: export all its rows or none (none when a member failed or has no row left)."""
+    min_usable_group_size: _builtins.int
+    """Per group, 0 for none: export only usable members' rows (not failed, a row left), and
+    none of the group's when fewer than this many members are usable.
     """
     @_builtins.property
     def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -313,12 +343,19 @@ class ExportTrajectoriesRequest(_message.Message):
         envelope: _envelope_pb2.Envelope | None = ...,
         export_id: _builtins.str = ...,
         side_calls: _builtins.str = ...,
+        max_staleness: _builtins.int | None = ...,
+        stale: _builtins.str = ...,
+        mask_stale_tokens: _builtins.bool = ...,
+        drop_incomplete_group: _builtins.bool = ...,
+        min_usable_group_size: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_staleness", b"_max_staleness", "envelope", b"envelope", "max_staleness", b"max_staleness"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discount", b"discount", "envelope", b"envelope", "export_id", b"export_id", "group_id", b"group_id", "remove_session", b"remove_session", "session_ids", b"session_ids", "side_calls", b"side_calls", "style", b"style"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_staleness", b"_max_staleness", "discount", b"discount", "drop_incomplete_group", b"drop_incomplete_group", "envelope", b"envelope", "export_id", b"export_id", "group_id", b"group_id", "mask_stale_tokens", b"mask_stale_tokens", "max_staleness", b"max_staleness", "min_usable_group_size", b"min_usable_group_size", "remove_session", b"remove_session", "session_ids", b"session_ids", "side_calls", b"side_calls", "stale", b"stale", "style", b"style"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_staleness: _TypeAlias = _typing.Literal["max_staleness"]  # noqa: Y015
+    _WhichOneofArgType__max_staleness: _TypeAlias = _typing.Literal["_max_staleness", b"_max_staleness"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_staleness) -> _WhichOneofReturnType__max_staleness | None: ...
 
 Global___ExportTrajectoriesRequest: _TypeAlias = ExportTrajectoriesRequest  # noqa: Y015
 
@@ -331,6 +368,7 @@ class ExportChunk(_message.Message):
     JSONL_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
     EXPORT_ID_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
     jsonl: _builtins.bytes
     rows: _builtins.int
     export_id: _builtins.str
@@ -339,16 +377,21 @@ class ExportChunk(_message.Message):
     session; AckAgentExport with it removes them. Empty in inference mode,
     where the gateway minted the id.
     """
+    summary: _builtins.bytes
+    """The export's summary as a JSON object (docs/services.md, "Export summary"), in the
+    export's last chunk (which has no rows); empty in every other chunk.
+    """
     def __init__(
         self,
         *,
         jsonl: _builtins.bytes = ...,
         rows: _builtins.int = ...,
         export_id: _builtins.str = ...,
+        summary: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["export_id", b"export_id", "jsonl", b"jsonl", "rows", b"rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["export_id", b"export_id", "jsonl", b"jsonl", "rows", b"rows", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
