@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy_fakes import EOS, PARROT, FakeEngineClient
+from proxy_fakes import EOS, PARROT, FakeEngineClient, start
 
 from areal_proxy.chat_template import PromptBuilder
 from areal_proxy.engine.base import GenerationRequest
@@ -179,8 +179,6 @@ def test_the_template_chooses_its_tool_parser_only_when_asked() -> None:
 
 
 async def test_the_server_gives_the_recorder_and_the_prelude_one_session_prompts() -> None:
-    from proxy_fakes import start
-
     h = await start(FakeEngineClient([]))
     try:
         handler = h.server.servicer.handler
