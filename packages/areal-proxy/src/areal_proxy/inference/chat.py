@@ -127,20 +127,23 @@ class ChatChunks:
                 deltas = [{"role": "assistant", "content": ""}]
         elif not deltas and lp is not None:
             deltas = [{"content": ""}]
-        return [
-            orjson.dumps(
-                out.chat_chunk(
-                    rid=chat.p.rid,
-                    created=self._created,
-                    model=self._model,
-                    delta=delta,
-                    logprobs=lp if i == 0 else None,
-                    with_usage_field=self._usage_field,
-                    index=self._index,
+        sent = []
+        for delta in deltas:
+            sent.append(
+                orjson.dumps(
+                    out.chat_chunk(
+                        rid=chat.p.rid,
+                        created=self._created,
+                        model=self._model,
+                        delta=delta,
+                        logprobs=lp,
+                        with_usage_field=self._usage_field,
+                        index=self._index,
+                    )
                 )
             )
-            for i, delta in enumerate(deltas)
-        ]
+            lp = None  # the step's logprobs go with its first delta
+        return sent
 
     def end(self, piece: Piece) -> list[bytes]:
         """The finish chunk."""

@@ -58,10 +58,11 @@ class Commit:
         self, p: Prepared, answers: list[tuple[int, Answer]], recorded: Recorded
     ) -> None:
         """Check every answer (choice index, answer), then commit each to its turn."""
-        for _, a in answers:
-            check_json(p, a)
+        if p.schema is not None:
+            for _, a in answers:
+                check_json(p, a)
         recorder = self.recorder
-        if recorder is None:
+        if recorder is None or p.ot is None:
             return
         for k, a in answers:
             ot = p.turn_of(k)

@@ -179,7 +179,8 @@ class InferenceCore:
     ) -> AsyncGenerator[bytes, None]:
         """One choice's chunks: a piece per engine step; the last settled before its end."""
         rec, i = p.recs[k]
-        pipe = self._pipeline(ep, p, rec, keep=needed(p))
+        settled = needed(p)
+        pipe = self._pipeline(ep, p, rec, keep=settled)
         writer = ep.stream_of(p, k, created)
         piece: Piece | None = None
         try:
@@ -196,7 +197,7 @@ class InferenceCore:
             raise refused(e, p.prompt_param(i), p.constraint_param) from None
         if piece is None or piece.finish_reason is None:
             return
-        if needed(p):
+        if settled:
             await self.commit.settle(p, [(k, pipe.answer())], ep.recorded)
         for chunk in writer.end(piece):
             yield chunk

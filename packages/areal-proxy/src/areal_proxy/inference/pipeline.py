@@ -93,11 +93,15 @@ class TextPipeline:
         detok = self._detok
         if detok is None:
             detok = self._detok = self._tok.detokenizer(skip_special_tokens=self._skip)
-        ids = self._visible(step.token_ids, step.finish_reason)
+        finish = step.finish_reason
+        ids = step.token_ids
+        if finish is not None:
+            ids = self._visible(ids, finish)
         text = detok.feed(ids) if ids else ""
-        if step.finish_reason is not None:
+        if finish is not None:
             text += detok.flush()
-        return self._piece(text, step, step.finish_reason)
+        text, events, finish = self._rules(text, finish)
+        return Piece(text, events, step, finish)
 
     def whole(self) -> Answer:
         """The answer of a finished generation (the engine's whole output in its record),
@@ -107,7 +111,7 @@ class TextPipeline:
         ids = self._visible(rec.token_ids, finish)
         # One decode of the whole output: what a detokenizer fed it all at once returns.
         text = self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
-        self._piece(text, Step(rec.token_ids, rec.logprobs, rec.top_logprobs, finish), finish)
+        self._rules(text, finish)
         return self.answer()
 
     def answer(self) -> Answer:
@@ -133,7 +137,9 @@ class TextPipeline:
             return ids[:-1]
         return ids
 
-    def _piece(self, text: str, step: Step, finish: str | None) -> Piece:
+    def _rules(self, text: str, finish: str | None) -> tuple[str, list[Any] | None, str | None]:
+        """The text of a piece cut at a stop string, its parser events, and its finish
+        reason after the rules (None but on the last piece); what the answer needs kept."""
         stopper = self._stopper
         if stopper is not None:
             text, hit = stopper.feed(text)
@@ -161,4 +167,4 @@ class TextPipeline:
             if finish == "stop" and streamer is not None and streamer.saw_tool_calls:
                 finish = "tool_calls"
             self._finish = finish
-        return Piece(text, events, step, finish)
+        return text, events, finish
