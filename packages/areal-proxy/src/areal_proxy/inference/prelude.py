@@ -9,7 +9,6 @@ import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -212,12 +211,7 @@ class Prelude:
         param = _prompt_param(len(req.prompts))
         prompts = []
         for i, source in enumerate(req.prompts):
-            one = replace(
-                req,
-                prompt_text=source if isinstance(source, str) else None,
-                prompt_ids=source if not isinstance(source, str) else None,
-            )
-            prompts.append(await self.off_loop(heavy, self.completion_prompt, one, param(i)))
+            prompts.append(await self.off_loop(heavy, self.completion_prompt, source, param(i)))
         template = self._template(req.sampling, req.logprobs or 0)
         p = Prepared(
             rid,
@@ -231,10 +225,12 @@ class Prelude:
         self._start(p, req.sampling)
         return req, p
 
-    def completion_prompt(self, req: CompletionRequest, param: str = "prompt") -> list[int]:
-        if req.prompt_ids is not None:
-            return req.prompt_ids
-        text = req.prompt_text or ""
+    def completion_prompt(self, source: str | list[int], param: str = "prompt") -> list[int]:
+        """One prompt's ids: token ids as they came, a text tokenized (checked against the
+        context first by its length alone)."""
+        if not isinstance(source, str):
+            return source
+        text = source
         ctx = self.limits.context_length
         if ctx and (n := self.tok.min_tokens(text)) >= ctx:
             raise self.limits.too_long(n, param, at_least=True)
