@@ -111,9 +111,10 @@ def test_every_package_has_a_layers_contract() -> None:
     for pyproject in (ROOT / "packages").glob("*/pyproject.toml"):
         imports = [p.name for p in (pyproject.parent / "src").iterdir() if p.is_dir()]
         packages.update(i for i in imports if not i.endswith(".egg-info"))
-    # areal_proto is generated code only: its layout is scripts/gen_proto.py's. A package may
-    # also layer its own subpackages (areal_proxy's stages).
+    # areal_proto is generated code only: its layout is scripts/gen_proto.py's. A subpackage
+    # may have a contract of its own (areal_proxy's stages) inside its package's.
     assert packages - {"areal_proto"} == {c for c in layered if "." not in c}
+    assert {c.split(".")[0] for c in layered} <= packages
     assert set(config["root_packages"]) == packages
 
 

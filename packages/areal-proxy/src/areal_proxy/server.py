@@ -20,8 +20,9 @@ from areal_proxy.engine.progress import EngineProgress, TrackedEngine
 from areal_proxy.generation.controller import GenerationController
 from areal_proxy.generation.migration import Migrator
 from areal_proxy.inference import InferenceConfig, InferenceHandler
-from areal_proxy.output.parsing import check_parsers
+from areal_proxy.output.parsing import NO_PARSER, check_parsers
 from areal_proxy.prompt.chat_template import PromptBuilder
+from areal_proxy.prompt.incremental import SessionPrompts
 from areal_proxy.recording.recorder import Recorder
 from areal_proxy.recording.sessions import SessionBook
 from areal_proxy.recording.store import Store
@@ -59,10 +60,25 @@ class ProxyServer:
         self.settings = settings
         check_parsers(settings.tool_call_parser, settings.reasoning_parser)
         self.tokenizer = ModelTokenizer.from_dir(settings.tokenizer_path)
+        # --tool-call-parser: `none` for no parser, empty for the one the chat template leaves
+        # no doubt about (a template that ignores `tools` gets them in that parser's format:
+        # tool_prompt.py).
+        flag = settings.tool_call_parser
+        chosen = None if not flag else ("" if flag == NO_PARSER else flag)
         prompts = (
-            PromptBuilder(self.tokenizer, template_type=settings.chat_template_type)
+            PromptBuilder(
+                self.tokenizer, template_type=settings.chat_template_type, tool_parser=chosen
+            )
             if self.tokenizer.chat_template
             else None
+        )
+        tool_parser = prompts.template.tool_parser if prompts is not None else (chosen or "")
+        log.info(
+            "tool-call parser: %s%s",
+            tool_parser or "none",
+            " (the chat template does not render tools: the proxy's default tool prompt)"
+            if prompts is not None and prompts.template.writes_tool_prompt
+            else "",
         )
         if prompts is None:
             log.warning(
@@ -126,19 +142,23 @@ class ProxyServer:
             },
             name="prompt screen",
         )
+        # One continuation of session prompts, shared by the prelude that builds a turn's
+        # prompt and the recorder that keeps its state for the next turn.
+        session_prompts = SessionPrompts(prompts, self.tokenizer) if prompts is not None else None
         handler = InferenceHandler(
             InferenceConfig(
                 model=settings.model,
                 context_length=settings.context_length,
                 engine_max_tokens=settings.engine_max_tokens,
-                tool_call_parser=settings.tool_call_parser,
+                tool_call_parser=tool_parser,
                 reasoning_parser=settings.reasoning_parser,
                 forced_call_token_ids=settings.forced_call_token_ids,
             ),
             self.tokenizer,
             prompts,
             self.controller,
-            Recorder(self.book),
+            session_prompts=session_prompts,
+            recorder=Recorder(self.book, session_prompts),
             executor=self.cpu_executor,
             screen=self.screen,
             on_prompt=self.metrics.observe_prompt,

@@ -1,8 +1,10 @@
 """One OpenAI request end to end, engine-neutral and gRPC-free.
 
-core.py is the prompt-and-record core every request goes through (screen, parse, the
-session's turn, the prompt, the budget, the generations, the commit); chat.py and
-completion.py shape the requests and responses of their endpoints over it."""
+core.py is the one serving path every generation request takes, whole or streamed: the
+prelude (prelude.py: screen, parse, the session's turn, the prompt, the budget, the
+generations), the text pipeline (pipeline.py: each choice's output as the client's text),
+the commit (commit.py: check, then record, then answer); chat.py and completion.py say how
+their endpoint's requests read and answers are written."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from collections.abc import AsyncGenerator
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy.generation.controller import GenerationRecord
 from areal_proxy.inference import chat, completion, count
-from areal_proxy.inference.core import FALLBACK_MAX_TOKENS, InferenceConfig, InferenceCore
+from areal_proxy.inference.core import InferenceCore
+from areal_proxy.inference.limits import FALLBACK_MAX_TOKENS
+from areal_proxy.inference.prepared import InferenceConfig
 
 __all__ = ["FALLBACK_MAX_TOKENS", "InferenceConfig", "InferenceHandler"]
 

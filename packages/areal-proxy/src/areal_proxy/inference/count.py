@@ -14,12 +14,10 @@ know that it must shorten it (the body itself is bounded by the gateway's size l
 from __future__ import annotations
 
 from areal_proxy.inference.core import InferenceCore
+from areal_proxy.inference.prelude import INLINE_BODY_BYTES
 from areal_proxy.prompt.chat_template import TemplateError, ToolsNotRendered
 from areal_runtime.bodycost import parses_inline, too_complex
 from areal_runtime.openai import ChatRequest, bad, parse_chat
-
-# Bodies above this are rendered and tokenized off the event loop (as a chat's are).
-_INLINE_BODY_BYTES = 16 * 1024
 
 
 def _count(core: InferenceCore, req: ChatRequest) -> int:
@@ -42,4 +40,4 @@ async def count_tokens(core: InferenceCore, body: bytes) -> int:
         if refused is not None:
             raise refused
     req = parse_chat(body)
-    return await core._off_loop(len(body) > _INLINE_BODY_BYTES, _count, core, req)
+    return await core.prelude.off_loop(len(body) > INLINE_BODY_BYTES, _count, core, req)

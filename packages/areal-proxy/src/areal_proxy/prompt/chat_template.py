@@ -81,7 +81,16 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 class ChatTemplate:
     """One compiled template; render() is cheap and reads no file."""
 
-    def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str | None,
+        eos_token: str | None,
+        tool_parser: str | None = "",
+    ) -> None:
+        """`tool_parser`: the tool-call parser in use ("" for none), or None to choose the
+        one this template leaves no doubt about (tool_prompt.default_tool_parser)."""
         env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
@@ -92,9 +101,13 @@ class ChatTemplate:
             raise TemplateError(f"chat template does not compile: {e}") from e
         self._base = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
         self.source = source
-        # The parser whose format the default tool prompt asks for (tool_prompt.py).
-        self.tool_parser = ""
         self._renders_tools: bool | None = None
+        # The parser whose format the default tool prompt asks for (tool_prompt.py).
+        self.tool_parser = (
+            tool_parser
+            if tool_parser is not None
+            else tool_prompt.default_tool_parser(source, self.renders_tools)
+        )
 
     @property
     def renders_tools(self) -> bool:
@@ -102,6 +115,12 @@ class ChatTemplate:
         if self._renders_tools is None:
             self._renders_tools = tool_prompt.renders_tools(self._render)
         return self._renders_tools
+
+    @property
+    def writes_tool_prompt(self) -> bool:
+        """Whether the proxy writes a request's `tools` into the prompt itself: the template
+        ignores them and the tool-call parser's format has a default prompt."""
+        return not self.renders_tools and tool_prompt.can_prompt(self.tool_parser)
 
     def render(
         self,
@@ -170,7 +189,10 @@ class ChatTemplate:
 class PromptBuilder:
     """Messages -> prompt token ids, in the configured template style."""
 
-    def __init__(self, tok: ModelTokenizer, *, template_type: str = "concat") -> None:
+    def __init__(
+        self, tok: ModelTokenizer, *, template_type: str = "concat", tool_parser: str | None = ""
+    ) -> None:
+        """`tool_parser`: as ChatTemplate takes it (None: chosen from the template)."""
         if template_type not in ("hf", "concat"):
             raise ValueError(f"unknown chat template type {template_type!r}")
         if not tok.chat_template:
@@ -178,7 +200,10 @@ class PromptBuilder:
         self.template_type = template_type
         self._tok = tok
         self._template = ChatTemplate(
-            tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
+            tok.chat_template,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+            tool_parser=tool_parser,
         )
 
     @property
