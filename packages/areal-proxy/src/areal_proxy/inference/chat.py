@@ -11,6 +11,7 @@ import orjson
 
 from areal_proto.common.v1.envelope_pb2 import Envelope
 from areal_proxy import openai_response as out
+from areal_proxy.chunk_bytes import ContentChunks
 from areal_proxy.generation import GenerationRecord
 from areal_proxy.inference.core import InferenceCore, Prepared, usage
 from areal_proxy.output_parsing import (
@@ -137,6 +138,9 @@ async def _choice_stream(
     events: list[Any] = []
     usage_field = req.include_usage
     first = True
+    content_chunks = ContentChunks(
+        rid=p.rid, created=created, model=model, index=index, with_usage_field=usage_field
+    )
     async with aclosing(core.text_steps(p, rec, 0, req.sampling)) as steps:
         async for ts in steps:
             if ot is not None or p.schema is not None:
@@ -167,6 +171,9 @@ async def _choice_stream(
             elif not deltas and lp is not None:
                 deltas = [{"content": ""}]
             for i, delta in enumerate(deltas):
+                if (lp is None or i > 0) and len(delta) == 1 and "content" in delta:
+                    yield content_chunks.content(delta["content"])
+                    continue
                 yield orjson.dumps(
                     out.chat_chunk(
                         rid=p.rid,
