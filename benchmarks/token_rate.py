@@ -108,6 +108,7 @@ async def run_streams(
     url: str,
     headers: dict[str, str],
     body: bytes,
+    warm_body: bytes,
     streams: int,
     answers: int,
     procs: dict[str, list[psutil.Process]],
@@ -118,7 +119,7 @@ async def run_streams(
     tokens = 0
     errors: dict[str, int] = {}
 
-    async def one(http: aiohttp.ClientSession) -> None:
+    async def one(http: aiohttp.ClientSession, body: bytes = body) -> None:
         nonlocal tokens
         t0 = time.perf_counter()
         last_content = None
@@ -151,7 +152,8 @@ async def run_streams(
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, headers=headers, timeout=timeout) as http:
-        await asyncio.gather(*(one(http) for _ in range(min(streams, 8))))  # warm-up
+        # Warm-up: connections open, short answers.
+        await asyncio.gather(*(one(http, warm_body) for _ in range(min(streams, 8))))
         answer_s.clear()
         gaps.clear()
         tokens = 0
@@ -325,6 +327,7 @@ def main() -> int:
                                 base + "/v1/chat/completions",
                                 headers,
                                 chat_body(length),
+                                chat_body(min(length, 16)),
                                 n,
                                 args.answers,
                                 {**procs_, **engine_procs},
