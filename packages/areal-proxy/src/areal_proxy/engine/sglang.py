@@ -30,9 +30,9 @@ from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
     NOT_CONNECTED,
     retry_unconnected,
+    sse_batches,
     trace_configs,
 )
-from areal_runtime.sse import SSEReader
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # The connection broke under a request (server disconnected, reset, or the body cut short):
@@ -117,23 +117,6 @@ def _refused_in(meta: dict[str, Any]) -> EngineError | None:
 def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[int, float]]]:
     tops = meta.get("output_top_logprobs") or []
     return [[(int(t[1]), float(t[0])) for t in step or []] for step in tops[start:]]
-
-
-async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
-    """The `data:` payloads of an SSE body, every event that one read of the response buffer
-    completes at once, whatever their length.
-
-    aiohttp's line iterator refuses a line over its buffer limit (512 KiB here), and SGLang
-    may send one: in cumulative mode every event holds the whole output so far, and in
-    incremental mode the events that queued up while the proxy did not read (a slow client's
-    backpressure) arrive coalesced into one.
-    """
-    reader = SSEReader()
-    async for data in content.iter_any():
-        if events := reader.feed(data):
-            yield events
-    if rest := reader.close():
-        yield rest
 
 
 def _event_error(out: dict[str, Any]) -> EngineError:
@@ -283,7 +266,7 @@ class SGLangClient:
                 # Every event one read completes makes one chunk: under load (or with a
                 # slow client) several wait in the buffer, and each wake-up downstream costs
                 # the same whatever the chunk carries.
-                async for events in _sse_batches(r.content):
+                async for events in sse_batches(r.content):
                     chunk: GenerationChunk | None = None
                     for data in events:
                         if data == b"[DONE]":
