@@ -33,6 +33,7 @@ class Scripted(proxy_pb2_grpc.InferenceProxyServiceServicer):
         self.streams = 0
         self.cancelled: list[int] = []
         self.unary_calls = 0
+        self.tasks: list[asyncio.Future[None]] = []
 
     async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
         self.streams += 1
@@ -63,7 +64,7 @@ class Scripted(proxy_pb2_grpc.InferenceProxyServiceServicer):
                         done.data = b'{"whole":true}'
                         await context.write(proxy_pb2.GenerateResults(results=[done]))
                 if self.mode == "trickle":  # a chunk every 30 ms, never done
-                    asyncio.ensure_future(self._trickle(f.id, context))
+                    self.tasks.append(asyncio.ensure_future(self._trickle(f.id, context)))
                 # "hang": never answer
 
     async def _trickle(self, rid: int, context: Any) -> None:
