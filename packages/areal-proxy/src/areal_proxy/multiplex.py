@@ -7,8 +7,8 @@ therefore keeps one `Generate` stream per proxy and sends every chat/completion 
 it as a frame. Each request runs as its own task with exactly the bookkeeping of the
 per-call RPCs (`ProxyServicer.run_generation`); its results are queued, and one writer
 sends whatever is queued as one message. A result after a quiet spell goes out at once; while
-results keep coming, the writer sends at most one message per `COALESCE_S` (2 ms), carrying
-every request's results that became ready in that window.
+results keep coming for several requests, the writer sends at most one message per
+`COALESCE_S` (2 ms), carrying every request's results that became ready in that window.
 
 Flow control is per request (the HTTP/2 window is the whole stream's, so it would let one
 slow client stall every request on it). A request's frame says how many of its results the
@@ -295,9 +295,10 @@ class GenerateStream:
             # A message within COALESCE_S of the previous one waits out the rest of that
             # window, so that what becomes ready meanwhile (every other request's next token)
             # goes with it: one message a window instead of one per token. The first result
-            # after a quiet spell goes at once.
+            # after a quiet spell goes at once, and a lone request never waits (there is
+            # nothing to send with it).
             wait = last + COALESCE_S - loop.time()
-            if wait > 0 and not self._finished:
+            if wait > 0 and len(self.flows) > 1 and not self._finished:
                 await asyncio.sleep(wait)
             self._wake.clear()
             self._take_ready()

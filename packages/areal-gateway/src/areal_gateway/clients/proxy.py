@@ -222,9 +222,10 @@ class GenerateStream:
             while True:
                 await self._wake.wait()
                 # At most one message per COALESCE_S while frames keep coming (credit for
-                # hundreds of streams); the first frame after a quiet spell goes at once.
+                # hundreds of streams); the first frame after a quiet spell goes at once, and
+                # a lone request's never waits.
                 wait = last + COALESCE_S - loop.time()
-                if wait > 0:
+                if wait > 0 and len(self._waiters) > 1:
                     await asyncio.sleep(wait)
                 self._wake.clear()
                 while self._out:
