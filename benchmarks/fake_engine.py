@@ -12,7 +12,8 @@ it (`/health_generate`, `/v1/models` with the one model `--model-id`,
 SMG (benchmarks/vs_smg.py) takes it as a worker.
 Streams are written in one go unless paced: `--token-interval-ms N` (or
 `POST /fake_config {"token_interval_ms": N}` at run time) sends one token every
-N ms, as a real engine decoding one token per step does.
+N ms, as a real engine decoding one token per step does; `--stream-interval K` sends K
+tokens per event, K steps apart, as SGLang's `--stream-interval K` does.
 `POST /update_weights_from_disk` succeeds at once (benchmarks/admission_load.py updates
 weights under load).
 It never stands in for a real engine in a test of a feature; benchmarks name
@@ -136,10 +137,10 @@ def _info(model: str) -> dict[bytes, tuple[bytes, bytes]]:
     return out
 
 
-def _chat(model: str, n: int, stream: bool, usage: bool) -> list[bytes]:
+def _chat(model: str, n: int, stream: bool, usage: bool, step: int = 1) -> list[bytes]:
     """A chat completion of n tokens of content (" hi" each): the body, or a stream's
-    events (one chunk a token, the chunk with finish_reason, the usage chunk if asked,
-    [DONE])."""
+    events (one chunk per `step` tokens, the chunk with finish_reason, the usage chunk if
+    asked, [DONE])."""
     head = {"id": "chatcmpl-fake", "created": 0, "model": model}
     use = {"prompt_tokens": 16, "completion_tokens": n, "total_tokens": 16 + n}
     if not stream:
@@ -159,8 +160,9 @@ def _chat(model: str, n: int, stream: bool, usage: bool) -> list[bytes]:
         return [dumps(body)]
     chunk = {**head, "object": "chat.completion.chunk"}
     events = []
-    for i in range(n):
-        delta = {"role": "assistant", "content": " hi"} if i == 0 else {"content": " hi"}
+    for i in range(0, n, step):
+        text = " hi" * min(step, n - i)
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
         ev = {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
         events.append(b"data: " + dumps(ev) + b"\n\n")
     end = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
@@ -174,6 +176,7 @@ def _chat(model: str, n: int, stream: bool, usage: bool) -> list[bytes]:
 class _Engine(asyncio.Protocol):
     tokens = 16
     interval_s = 0.0
+    stream_interval = 1
     model = "tiny-parrot"
     info: dict[bytes, tuple[bytes, bytes]] = {}
     chats: dict[tuple[int, bool, bool], list[bytes]] = {}
@@ -254,16 +257,19 @@ class _Engine(asyncio.Protocol):
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
         )
         events = []
-        for i in range(1, n + 1):
+        step = self.stream_interval
+        for start in range(0, n, step):
+            i = min(start + step, n)  # tokens so far, this event's included
+            k = i - start
             ev = {
-                "output_ids": [tok],
+                "output_ids": [tok] * k,
                 "meta_info": {
                     "id": req.get("rid") or "fake",
                     "prompt_tokens": n_prompt,
                     "completion_tokens": i,
                     "finish_reason": {"type": "length", "length": n} if i == n else None,
                     "weight_version": "default",
-                    "output_token_logprobs": [[0.0, tok, None]],
+                    "output_token_logprobs": [[0.0, tok, None]] * k,
                 },
             }
             events.append(b"data: " + dumps(ev) + b"\n\n")
@@ -287,7 +293,7 @@ class _Engine(asyncio.Protocol):
         key = (n, stream, usage)
         events = self.chats.get(key)
         if events is None:
-            events = self.chats[key] = _chat(self.model, n, stream, usage)
+            events = self.chats[key] = _chat(self.model, n, stream, usage, self.stream_interval)
         if not stream:
             return self.reply(b"200 OK", events[0])
         self.t.write(
@@ -308,7 +314,10 @@ class _Engine(asyncio.Protocol):
             self._chunk(events[-1])
             self.t.write(b"0\r\n\r\n")
             return
-        asyncio.get_running_loop().call_later(self.interval_s, self._paced, events, i + 1)
+        # An event of k tokens is k decode steps after the one before.
+        asyncio.get_running_loop().call_later(
+            self.interval_s * self.stream_interval, self._paced, events, i + 1
+        )
 
     def _chunk(self, data):
         self.t.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -325,6 +334,12 @@ async def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--token-interval-ms", type=float, default=0.0)
+    ap.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed event, as SGLang's --stream-interval (paced N steps apart)",
+    )
     ap.add_argument("--model-id", default="tiny-parrot", help="the model /v1/models lists")
     ap.add_argument("--ready-file", default="")
     args = ap.parse_args()
@@ -332,6 +347,7 @@ async def main() -> None:
     _Engine.model = args.model_id
     _Engine.info = _info(args.model_id)
     _Engine.interval_s = args.token_interval_ms / 1000
+    _Engine.stream_interval = max(1, args.stream_interval)
     server = await asyncio.get_running_loop().create_server(_Engine, args.host, args.port)
     port = server.sockets[0].getsockname()[1]
     if args.ready_file:

@@ -63,7 +63,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def start_engine(log_dir: Path, incremental: bool) -> tuple[str, supervisor.Component, object]:
+def start_engine(
+    log_dir: Path, incremental: bool, more_args: list[str] | None = None
+) -> tuple[str, supervisor.Component, object]:
     port = supervisor.free_port()
     launch = engines.engine_launch(
         "sglang",
@@ -84,6 +86,7 @@ def start_engine(log_dir: Path, incremental: bool) -> tuple[str, supervisor.Comp
             str(CONTEXT),
             "--json-model-override-args",
             json.dumps({"max_position_embeddings": CONTEXT}),
+            *(more_args or []),
         ],
     )
     argv = launch.argv if incremental else [a for a in launch.argv if a != FLAG]

@@ -33,6 +33,7 @@ class Scripted(proxy_pb2_grpc.InferenceProxyServiceServicer):
         self.streams = 0
         self.cancelled: list[int] = []
         self.unary_calls = 0
+        self.tasks: list[asyncio.Future[None]] = []
 
     async def Generate(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
         self.streams += 1
@@ -62,7 +63,18 @@ class Scripted(proxy_pb2_grpc.InferenceProxyServiceServicer):
                     else:
                         done.data = b'{"whole":true}'
                         await context.write(proxy_pb2.GenerateResults(results=[done]))
+                if self.mode == "trickle":  # a chunk every 30 ms, never done
+                    self.tasks.append(asyncio.ensure_future(self._trickle(f.id, context)))
                 # "hang": never answer
+
+    async def _trickle(self, rid: int, context: Any) -> None:
+        while rid not in self.cancelled:
+            result = proxy_pb2.GenerateResult(id=rid, data=b'{"n":1}')
+            try:
+                await context.write(proxy_pb2.GenerateResults(results=[result]))
+            except Exception:
+                return
+            await asyncio.sleep(0.03)
 
 
 class NoGenerate(proxy_pb2_grpc.InferenceProxyServiceServicer):
@@ -145,6 +157,30 @@ async def test_deadline_and_disconnect_cancel_on_the_proxy(pool: ProxyPool):
                 break
             await asyncio.sleep(0.02)
         assert fake.cancelled == [1, 2] and fake.streams == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_a_stream_that_keeps_coming_still_ends_at_its_deadline(pool: ProxyPool):
+    # The deadline is the request's (one timer for the whole stream), not a wait's: chunks
+    # arriving every 30 ms do not push it back.
+    fake = Scripted("trickle")
+    server, address = await _serve(fake)
+    try:
+        got = 0
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ServiceError) as ei:
+            async for batch in pool.get(address).chat_completion_stream(_request(True), 0.3):
+                got += len(batch)
+        assert ei.value.http_status == 504
+        assert got >= 3
+        assert 0.3 <= loop.time() - t0 < 1.5
+        for _ in range(100):
+            if fake.cancelled:
+                break
+            await asyncio.sleep(0.02)
+        assert fake.cancelled == [1]  # the proxy is told to stop it
     finally:
         await server.stop(0)
 

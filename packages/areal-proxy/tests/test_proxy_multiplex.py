@@ -13,7 +13,7 @@ from proxy_fakes import EOS, FakeEngineClient, request, start, wait_for
 
 from areal_proto.proxy.v1 import proxy_pb2
 from areal_proxy.engine.base import EngineError
-from areal_proxy.serving.multiplex import QUEUE_LIMIT
+from areal_proxy.serving.multiplex import COALESCE_S, QUEUE_LIMIT
 
 MSG = [{"role": "user", "content": "hi"}]
 SEQ = [*range(40, 60), EOS]
@@ -302,5 +302,32 @@ async def test_held_results_and_credit_waits_count_every_stream():
         b.call.cancel()
         await wait_for(lambda: held(h) == 0, 5)
         a.call.cancel()
+    finally:
+        await h.close()
+
+
+async def test_streams_tokens_share_messages_while_they_keep_coming():
+    # 40 streamed chats, started 0.3 ms apart, each yielding a token every 5 ms: the writer
+    # sends at most one message per COALESCE_S while results keep coming, each carrying
+    # many requests' tokens, rather than one whenever the previous write is done.
+    engine = FakeEngineClient(SEQ, delay=0.005)
+    h = await start(engine)
+    try:
+        mux = Mux(h.stub)
+        await mux.call.initial_metadata()
+        body = {"messages": MSG}
+        t0 = time.monotonic()
+        for i in range(1, 41):
+            await mux.send(frame(i, CHAT, body, stream=True))
+            await asyncio.sleep(0.0003)
+        await mux.wait(*range(1, 41), within=10)
+        elapsed = time.monotonic() - t0
+        results = sum(len(r) for r in mux.results.values())
+        assert all(mux.chunks(i)[-1]["choices"][0]["finish_reason"] for i in range(1, 41))
+        assert results >= 40 * len(SEQ)
+        # At most one message per window (plus the first of each quiet spell), whatever the
+        # number of tokens: ~60 messages for 880 results here, ~150 without the window.
+        assert mux.messages <= elapsed / COALESCE_S + 10, (mux.messages, results, elapsed)
+        assert mux.messages * 10 < results, (mux.messages, results)
     finally:
         await h.close()

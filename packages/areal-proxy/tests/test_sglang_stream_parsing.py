@@ -193,3 +193,50 @@ async def test_a_stream_that_skips_tokens_is_an_error(server_factory):
                 pass
     finally:
         await client.close()
+
+
+async def _serve_in_one_write(server_factory, events):
+    """Every event (and [DONE]) in one write: what the proxy finds in its buffer when the
+    engine got ahead of it."""
+
+    async def gen(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(
+            b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        )
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/generate", gen)
+    return await server_factory(app)
+
+
+async def test_events_ready_together_make_one_chunk(server_factory):
+    ids = [7, 8, 9, 10]
+    url = await _serve_in_one_write(server_factory, _events(True, ids))
+    client = SGLangClient(url)
+    try:
+        chunks = [c async for c in client.generate_stream(GenerationRequest([1, 2], 4))]
+    finally:
+        await client.close()
+    assert len(chunks) == 1
+    assert chunks[0].token_ids == ids
+    assert chunks[0].logprobs == pytest.approx([-0.7, -0.8, -0.9, -1.0])
+    assert chunks[0].finish_reason == "length"
+    assert chunks[0].weight_version == "3"
+
+
+async def test_a_new_weight_version_starts_a_new_chunk(server_factory):
+    """Tokens read together keep their own weight version: a chunk has one version."""
+    events = _events(True, [7, 8, 9, 10])
+    events[2]["meta_info"]["weight_version"] = "4"
+    events[3]["meta_info"]["weight_version"] = "4"
+    url = await _serve_in_one_write(server_factory, events)
+    client = SGLangClient(url)
+    try:
+        chunks = [c async for c in client.generate_stream(GenerationRequest([1, 2], 4))]
+    finally:
+        await client.close()
+    assert [(c.token_ids, c.weight_version) for c in chunks] == [([7, 8], "3"), ([9, 10], "4")]
+    assert [c.finish_reason for c in chunks] == [None, "length"]

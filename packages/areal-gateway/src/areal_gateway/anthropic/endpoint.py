@@ -33,6 +33,7 @@ from areal_gateway.openai.forward import Endpoint, GenerationResponse
 from areal_gateway.runtime import Gateway
 from areal_proto.router.v1 import router_pb2
 from areal_runtime.errors import InvalidRequest, ServiceError, UpstreamError, error_for
+from areal_runtime.sse import SSEReader
 
 MESSAGES = Endpoint(
     label="messages",
@@ -73,7 +74,7 @@ class MessagesGeneration(GenerationResponse):
         super().__init__(gw, endpoint, principal, request_id, t.model, t.stream, body, doc, prefix)
         self.t = t
         self.translator = response.StreamTranslator(t.model, t.stop_sequences, t.context_management)
-        self._sse = b""  # an external model's event stream, not yet a whole event
+        self._sse = SSEReader()  # an external model's event stream
         header = t.left_out.header()
         if header is not None:
             self.extra_headers.append(header)
@@ -131,14 +132,7 @@ class MessagesGeneration(GenerationResponse):
         raise error_for(status, message)
 
     def _external_bytes(self, chunk: bytes) -> bytes:
-        buf = self._sse + chunk.replace(b"\r\n", b"\n")
-        *events, self._sse = buf.split(b"\n\n")
-        batch: list[bytes] = []
-        for ev in events:
-            data = [ln[5:].strip() for ln in ev.split(b"\n") if ln.startswith(b"data:")]
-            payload = b"\n".join(data)
-            if payload and payload != b"[DONE]":
-                batch.append(payload)
+        batch = [p for p in self._sse.feed(chunk) if p and p != b"[DONE]"]
         return self.translator.chunks(batch) if batch else b""
 
     def _external_done(self) -> bytes:

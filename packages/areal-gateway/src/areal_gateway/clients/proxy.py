@@ -49,6 +49,10 @@ _DEADLINE_GRACE_S = 0.05
 WINDOW = 32
 CREDIT_STEP = WINDOW // 2
 
+# The writer sends at most one message per this many seconds while frames keep coming, as
+# the proxy's writer does (areal_proxy.serving.multiplex.COALESCE_S).
+COALESCE_S = 0.002
+
 # A request body over this many bytes goes in a call of its own, not as a frame on the
 # shared stream: messages on one HTTP/2 stream travel in order, so a frame of megabytes
 # would hold every small request behind it on the wire and in the proxy's reader, while
@@ -100,18 +104,33 @@ def _timeout(address: str) -> ServiceError:
 
 
 class _Waiter:
-    """The results of one request on a `GenerateStream`, as they arrive."""
+    """The results of one request on a `GenerateStream`, as they arrive.
 
-    __slots__ = ("consumed", "error", "future", "results", "started")
+    Its deadline is one timer for the whole request (`arm`), not one per wait: a streamed
+    answer waits once per token, and a timer set and cancelled each time cost the gateway
+    a heap push and pop per token."""
+
+    __slots__ = ("consumed", "error", "expired", "future", "results", "started", "timer")
 
     def __init__(self) -> None:
         # At most WINDOW: the proxy sends no more than the credit it was given.
         self.results: list[proxy_pb2.GenerateResult] = []
         self.error: ServiceError | None = None  # the stream ended under this request
         self.started = False
+        self.expired = False
         self.future: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
         # Results taken by the client since credit for them last went back.
         self.consumed = 0
+
+    def arm(self, deadline: float) -> None:
+        """Expire at loop time `deadline` unless `disarm`ed first."""
+        self.timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def push(self, result: proxy_pb2.GenerateResult) -> None:
         self.results.append(result)
@@ -122,30 +141,30 @@ class _Waiter:
         self.error = error
         self._wake()
 
+    def _expire(self) -> None:
+        self.timer = None
+        self.expired = True
+        self._wake()
+
     def _wake(self) -> None:
         if self.future is not None and not self.future.done():
             self.future.set_result(None)
 
-    async def take(self, deadline: float) -> list[proxy_pb2.GenerateResult]:
-        """Every result that has arrived (at least one), waiting until loop time `deadline`."""
-        if not self.results and self.error is None:
-            loop = asyncio.get_running_loop()
-            future = self.future = loop.create_future()
-            timer = loop.call_at(deadline, _expire, future)
+    async def take(self) -> list[proxy_pb2.GenerateResult]:
+        """Every result that has arrived (at least one); TimeoutError once the deadline
+        `arm` set has passed with none."""
+        if not self.results and self.error is None and not self.expired:
+            future = self.future = asyncio.get_running_loop().create_future()
             try:
                 await future
             finally:
-                timer.cancel()
                 self.future = None
         results, self.results = self.results, []
-        if not results and self.error is not None:
-            raise self.error
+        if not results:
+            if self.error is not None:
+                raise self.error
+            raise TimeoutError
         return results
-
-
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 class GenerateStream:
@@ -197,13 +216,22 @@ class GenerateStream:
         self._wake.set()
 
     async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -COALESCE_S
         try:
             while True:
                 await self._wake.wait()
+                # At most one message per COALESCE_S while frames keep coming (credit for
+                # hundreds of streams); the first frame after a quiet spell goes at once, and
+                # a lone request's never waits.
+                wait = last + COALESCE_S - loop.time()
+                if wait > 0 and len(self._waiters) > 1:
+                    await asyncio.sleep(wait)
                 self._wake.clear()
                 while self._out:
                     frames, self._out = take_batch(self._out, _frame_size)
                     await self._call.write(proxy_pb2.GenerateFrames(frames=frames))
+                last = loop.time()
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             # The reader sees the call's end too and fails the waiting requests.
             log.debug("stream to %s: write failed: %r", self.address, exc)
@@ -358,10 +386,11 @@ class ProxyClient:
         if isinstance(request, bytes) or (stream := await self._stream(deadline)) is None:
             return await self._unary(self._method(rpc, request), request, timeout_s)
         rid, waiter = stream.submit(kind, request)
+        waiter.arm(deadline)
         done = False
         try:
             try:
-                results = await waiter.take(deadline)
+                results = await waiter.take()
             except TimeoutError:
                 raise _timeout(self.address) from None
             done = True
@@ -370,6 +399,7 @@ class ProxyClient:
                 raise ServiceError.from_detail(result.error)
             return bytes(result.data)
         finally:
+            waiter.disarm()
             if not done:
                 stream.cancel(rid)
 
@@ -382,11 +412,12 @@ class ProxyClient:
                 yield part
             return
         rid, waiter = stream.submit(kind, request)
+        waiter.arm(deadline)
         done = False
         try:
             while not done:
                 try:
-                    results = await waiter.take(deadline)
+                    results = await waiter.take()
                 except TimeoutError:
                     raise _timeout(self.address) from None
                 # Taken when the client asks for more, i.e. once it has read the last batch.
@@ -404,6 +435,7 @@ class ProxyClient:
                 if batch:
                     yield batch
         finally:
+            waiter.disarm()
             if not done:
                 stream.cancel(rid)
 

@@ -32,6 +32,7 @@ from areal_proxy.engine.transport import (
     patient_connect,
     probe_health,
     retry_unconnected,
+    sse_batches,
     trace_configs,
 )
 
@@ -120,29 +121,16 @@ def _tops(meta: dict[str, Any], start: int) -> list[list[tuple[int, float]]]:
     return [[(int(t[1]), float(t[0])) for t in step or []] for step in tops[start:]]
 
 
-async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The `data:` payloads of an SSE body, whatever their length.
-
-    aiohttp's line iterator refuses a line over its buffer limit (512 KiB here), and
-    SGLang may send one: in cumulative mode every event holds the whole output so far, and
-    in incremental mode the events that queued up while the proxy did not read (a slow
-    client's backpressure) arrive coalesced into one. Each byte is scanned once.
-    """
-    buf = bytearray()
-    scanned = 0
-    async for data in content.iter_any():
-        buf += data
-        start = 0
-        while (end := buf.find(b"\n", scanned)) != -1:
-            line = bytes(buf[start:end])
-            start = scanned = end + 1
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-        if start:
-            del buf[:start]
-        scanned = len(buf)  # what is left holds no newline
-    if buf.startswith(b"data:"):
-        yield bytes(buf[5:]).strip()
+def _event_error(out: dict[str, Any]) -> EngineError:
+    err = out["error"]
+    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    code = err.get("code", 400) if isinstance(err, dict) else 400
+    # An engine that rejects the request before any token (e.g. context too long) is the
+    # client's error.
+    status = code if isinstance(code, int) else 400
+    if is_refusal_status(status):
+        return refusal(msg)
+    return EngineError(f"engine error during generation: {msg}", status=502)
 
 
 class SGLangClient:
@@ -278,51 +266,67 @@ class SGLangClient:
             async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
                 if r.status >= 400:
                     raise _http_error(await r.read(), r.status)
-                async for data in _sse_data(r.content):
-                    if data == b"[DONE]":
+                # Every event one read completes makes one chunk: under load (or with a
+                # slow client) several wait in the buffer, and each wake-up downstream costs
+                # the same whatever the chunk carries.
+                async for events in sse_batches(r.content):
+                    chunk: GenerationChunk | None = None
+                    for data in events:
+                        if data == b"[DONE]":
+                            break
+                        out = orjson.loads(data)
+                        if "error" in out:
+                            raise _event_error(out)
+                        meta = out.get("meta_info", {})
+                        if (refused := _refused_in(meta)) is not None:
+                            raise refused
+                        ids = out.get("output_ids") or []
+                        offset = int(meta.get("completion_tokens", len(ids))) - len(ids)
+                        if offset > emitted:
+                            # Tokens between what was read and this event never arrived (a
+                            # slice from a negative start would silently take the wrong ones).
+                            raise EngineError(
+                                f"engine stream skipped tokens {emitted}..{offset - 1}",
+                                status=502,
+                            )
+                        new_ids = ids[emitted - offset :]
+                        lps = meta.get("output_token_logprobs") or []
+                        lp_offset = int(meta.get("completion_tokens", len(lps))) - len(lps)
+                        new_lps = [float(t[0]) for t in lps[emitted - lp_offset :]]
+                        finish, matched = _finish(meta)
+                        if not new_ids and finish is None:
+                            continue
+                        start = emitted - lp_offset
+                        emitted += len(new_ids)
+                        version = str(meta.get("weight_version", ""))
+                        tops = _tops(meta, start) if req.top_logprobs else []
+                        if chunk is not None and chunk.weight_version == version:
+                            # The same attempt's next tokens: one chunk (a version change
+                            # starts a new one, so each token keeps its own).
+                            chunk.token_ids.extend(new_ids)
+                            chunk.logprobs.extend(new_lps)
+                            chunk.top_logprobs.extend(tops)
+                            chunk.finish_reason, chunk.matched_stop = finish, matched
+                        else:
+                            if chunk is not None:
+                                yield chunk
+                            chunk = GenerationChunk(
+                                token_ids=list(new_ids),
+                                logprobs=new_lps,
+                                top_logprobs=tops,
+                                finish_reason=finish,
+                                matched_stop=matched,
+                                prompt_tokens=int(meta.get("prompt_tokens", len(req.input_ids))),
+                                weight_version=version,
+                            )
+                        if finish is not None:
+                            break
+                    if chunk is not None:
+                        yield chunk
+                        if chunk.finish_reason is not None:
+                            return
+                    if b"[DONE]" in events:
                         break
-                    out = orjson.loads(data)
-                    if "error" in out:
-                        err = out["error"]
-                        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                        code = err.get("code", 400) if isinstance(err, dict) else 400
-                        # An engine that rejects the request before any token
-                        # (e.g. context too long) is the client's error.
-                        status = code if isinstance(code, int) else 400
-                        if is_refusal_status(status):
-                            raise refusal(msg)
-                        raise EngineError(f"engine error during generation: {msg}", status=502)
-                    meta = out.get("meta_info", {})
-                    if (refused := _refused_in(meta)) is not None:
-                        raise refused
-                    ids = out.get("output_ids") or []
-                    offset = int(meta.get("completion_tokens", len(ids))) - len(ids)
-                    if offset > emitted:
-                        # Tokens between what was read and this event never arrived (a
-                        # slice from a negative start would silently take the wrong ones).
-                        raise EngineError(
-                            f"engine stream skipped tokens {emitted}..{offset - 1}", status=502
-                        )
-                    new_ids = ids[emitted - offset :]
-                    lps = meta.get("output_token_logprobs") or []
-                    lp_offset = int(meta.get("completion_tokens", len(lps))) - len(lps)
-                    new_lps = [float(t[0]) for t in lps[emitted - lp_offset :]]
-                    finish, matched = _finish(meta)
-                    if not new_ids and finish is None:
-                        continue
-                    start = emitted - lp_offset
-                    emitted += len(new_ids)
-                    yield GenerationChunk(
-                        token_ids=list(new_ids),
-                        logprobs=new_lps,
-                        top_logprobs=_tops(meta, start) if req.top_logprobs else [],
-                        finish_reason=finish,
-                        matched_stop=matched,
-                        prompt_tokens=int(meta.get("prompt_tokens", len(req.input_ids))),
-                        weight_version=str(meta.get("weight_version", "")),
-                    )
-                    if finish is not None:
-                        return
         except NOT_CONNECTED as e:
             raise self._unreachable(e) from e
         except _LOST as e:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
 
 from areal_runtime import tracing
+from areal_runtime.sse import SSEReader
 
 _T = TypeVar("_T")
 
@@ -85,3 +86,27 @@ async def retry_unconnected(call: Callable[[], Awaitable[_T]]) -> _T:
         except NOT_CONNECTED:
             await asyncio.sleep(CONTROL_RETRY_WAIT_S * attempt)
     return await call()
+
+
+async def sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The `data:` payloads of an engine's SSE body: every event one read of the response
+    buffer completes, at once, whatever their length.
+
+    Under load (or behind a slow client) several events wait in the buffer; read together
+    they cost one wake-up of the request's task, not one each. aiohttp's line iterator
+    refuses a line over its buffer limit (512 KiB here), and an engine may send one: SGLang's
+    cumulative mode holds the whole output so far in every event.
+    """
+    reader = SSEReader()
+    async for data in content.iter_any():
+        if events := reader.feed(data):
+            yield events
+    if rest := reader.close():
+        yield rest
+
+
+async def sse_payloads(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The same payloads one at a time, for a client that handles each event by itself."""
+    async for events in sse_batches(content):
+        for data in events:
+            yield data

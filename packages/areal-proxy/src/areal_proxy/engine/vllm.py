@@ -53,6 +53,7 @@ from areal_proxy.engine.transport import (
     patient_connect,
     probe_health,
     retry_unconnected,
+    sse_payloads,
     trace_configs,
 )
 
@@ -425,12 +426,9 @@ class VLLMClient:
                 async with r:
                     if r.status >= 400:
                         raise _error(await r.read(), r.status, "/v1/completions")
-                    async for line in r.content:
+                    async for data in sse_payloads(r.content):
                         if flight.aborted:
                             break
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
                         if data == b"[DONE]":
                             break
                         event = orjson.loads(data)

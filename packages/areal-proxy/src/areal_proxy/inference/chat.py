@@ -16,6 +16,7 @@ from areal_proxy.inference.core import InferenceCore
 from areal_proxy.inference.pipeline import Piece
 from areal_proxy.inference.prepared import Answer, Prepared
 from areal_proxy.output import openai_response as out
+from areal_proxy.output.chunk_bytes import ContentChunks
 from areal_proxy.output.parsing import delta_dicts, make_output_parser
 from areal_runtime.openai import ChatRequest
 
@@ -95,7 +96,7 @@ class Chat:
 class ChatChunks:
     """The chunks of one choice of a streamed chat."""
 
-    __slots__ = ("_chat", "_created", "_first", "_index", "_model", "_usage_field")
+    __slots__ = ("_chat", "_content", "_created", "_first", "_index", "_model", "_usage_field")
 
     def __init__(self, chat: Chat, index: int, created: int) -> None:
         self._chat = chat
@@ -104,6 +105,14 @@ class ChatChunks:
         self._model = chat.core.config.model
         self._usage_field = chat.include_usage
         self._first = True
+        # A plain content delta (most of a stream) is bytes from a template made once.
+        self._content = ContentChunks(
+            rid=chat.p.rid,
+            created=created,
+            model=self._model,
+            index=index,
+            with_usage_field=self._usage_field,
+        )
 
     def chunks(self, piece: Piece) -> list[bytes]:
         """A chunk per delta of the piece (the first one says the role); a step whose
@@ -129,6 +138,9 @@ class ChatChunks:
             deltas = [{"content": ""}]
         sent = []
         for delta in deltas:
+            if lp is None and len(delta) == 1 and "content" in delta:
+                sent.append(self._content.content(delta["content"]))
+                continue
             sent.append(
                 orjson.dumps(
                     out.chat_chunk(

@@ -6,8 +6,9 @@ interceptor); a message on an open stream costs a small fraction of that. The ga
 therefore keeps one `Generate` stream per proxy and sends every chat/completion request on
 it as a frame. Each request runs as its own task with exactly the bookkeeping of the
 per-call RPCs (`ProxyServicer.run_generation`); its results are queued, and one writer
-sends whatever is queued as one message. Nothing waits to be batched: a frame goes out as
-soon as the previous write finished, so batching only happens when frames pile up anyway.
+sends whatever is queued as one message. A result after a quiet spell goes out at once; while
+results keep coming for several requests, the writer sends at most one message per
+`COALESCE_S` (2 ms), carrying every request's results that became ready in that window.
 
 Flow control is per request (the HTTP/2 window is the whole stream's, so it would let one
 slow client stall every request on it). A request's frame says how many of its results the
@@ -59,6 +60,11 @@ _RPC_NAMES = {
 # Results of one request the proxy holds while the caller has given no credit for them;
 # at this many the request's task waits (and so stops reading its engine stream).
 QUEUE_LIMIT = 16
+
+# The writer sends at most one message per this many seconds while results keep coming
+# (each waits at most this long): a GPU engine's streams each yield a token every ~20-50 ms,
+# so at hundreds of streams a message per token cost more CPU on both ends than the tokens.
+COALESCE_S = 0.002
 
 
 class _Flow:
@@ -282,14 +288,24 @@ class GenerateStream:
             flow.wake()
 
     async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -COALESCE_S
         while True:
             await self._wake.wait()
+            # A message within COALESCE_S of the previous one waits out the rest of that
+            # window, so that what becomes ready meanwhile (every other request's next token)
+            # goes with it: one message a window instead of one per token. The first result
+            # after a quiet spell goes at once, and a lone request never waits (there is
+            # nothing to send with it).
+            wait = last + COALESCE_S - loop.time()
+            if wait > 0 and len(self.flows) > 1 and not self._finished:
+                await asyncio.sleep(wait)
             self._wake.clear()
             self._take_ready()
             while self._out:
                 batch, self._out = take_batch(self._out, _result_size)
                 await self.context.write(proxy_pb2.GenerateResults(results=batch))
-                self._take_ready()
+            last = loop.time()
             if self._finished and not self.flows:
                 return
 

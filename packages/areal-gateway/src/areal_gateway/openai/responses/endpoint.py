@@ -35,6 +35,7 @@ from areal_gateway.openai.responses.request import (
 from areal_gateway.openai.responses.store import Entry, ResponseStore, entry_size
 from areal_gateway.runtime import Gateway
 from areal_runtime.errors import InternalError, NotFound, ServiceError, UpstreamError
+from areal_runtime.sse import SSEReader
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ResponsesGeneration(GenerationResponse):
         if header is not None:
             self.extra_headers.append(header)
         t.left_out.report(RESPONSES.label, request_id, gw.metrics.left_out)
-        self._sse = b""  # an external model's event stream, not yet a whole event
+        self._sse = SSEReader()  # an external model's event stream
 
     async def _finishing(self) -> None:
         b = self.builder
@@ -129,14 +130,7 @@ class ResponsesGeneration(GenerationResponse):
         return out + self.builder.fail(err.code or err.type or "error", err.message, err.param)
 
     def _external_bytes(self, chunk: bytes) -> bytes:
-        buf = self._sse + chunk.replace(b"\r\n", b"\n")
-        *events, self._sse = buf.split(b"\n\n")
-        batch: list[bytes] = []
-        for event in events:
-            data = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            payload = b"\n".join(data)
-            if payload and payload != b"[DONE]":
-                batch.append(payload)
+        batch = [p for p in self._sse.feed(chunk) if p and p != b"[DONE]"]
         return self.translator.chunks(batch) if batch else b""
 
     def _external_done(self) -> bytes:
