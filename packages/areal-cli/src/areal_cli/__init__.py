@@ -1,3 +1,3 @@
 """areal-cli."""
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"

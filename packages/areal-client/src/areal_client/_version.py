@@ -1,3 +1,3 @@
 """The package version, in one place (the User-Agent reports it)."""
 
-__version__ = "0.1.5"
+__version__ = "0.1.6"

@@ -1,3 +1,3 @@
 """areal-router."""
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"

@@ -7,4 +7,4 @@ contract lives apart, in areal-proto; this package is everything a service
 needs around it.
 """
 
-__version__ = "0.2.3"
+__version__ = "0.2.4"

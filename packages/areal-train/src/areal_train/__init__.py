@@ -1,3 +1,3 @@
 """areal training side: experiment configs and stdlib-only driver helpers (no torch)."""
 
-__version__ = "0.1.2"
+__version__ = "0.1.3"
