@@ -79,7 +79,9 @@ def test_two_gateways_share_one_port_and_a_killed_one_comes_back(areal):
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: not os.path.exists(f"/proc/{victim}"), 5, "gone")
     answered = [health_pid(url) for _ in range(20)]
-    assert set(answered) == {gws["gateway"]["pid"]}
+    # Every poll answered, none by the dead one; the watchdog may already have a new gateway-1
+    # sharing the port again before the polls end.
+    assert victim not in answered and gws["gateway"]["pid"] in answered, answered
 
     def back() -> dict | None:
         d = areal("inf", "status", "--json").json()
