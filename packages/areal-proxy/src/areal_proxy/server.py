@@ -29,7 +29,8 @@ from areal_proxy.recording.store import Store
 from areal_proxy.serving.engine_health import EngineHealth
 from areal_proxy.serving.metrics import ProxyMetrics
 from areal_proxy.serving.retirement import drain
-from areal_proxy.serving.service import ProxyServicer, ProxyState, add_to_server
+from areal_proxy.serving.service import ProxyServicer, add_to_server
+from areal_proxy.serving.state import ProxyState
 from areal_proxy.settings import Settings
 from areal_runtime import tls, tracing
 from areal_runtime.auth import server_interceptors
@@ -92,7 +93,6 @@ class ProxyServer:
             or make_engine_client(settings.engine, settings.engine_url, settings.request_timeout),
             self.progress,
         )
-        self.controller = GenerationController(self.engine)
         # Blocking work runs off the event loop that serves streams, health and GetStats:
         # SQLite on one recording thread (one connection, statements in order; a small
         # turn's commit runs on the loop when that thread is idle, under the same lock: a
@@ -122,7 +122,11 @@ class ProxyServer:
             limit=settings.migration_limit,
             on_outcome=lambda outcome: self.metrics.migrations.labels(outcome).inc(),
         )
-        self.controller.migrator = self.migrator
+        # The controller's collaborators are built first and handed to it: nothing edits it
+        # after construction.
+        self.controller = GenerationController(
+            self.engine, on_finish=self.metrics.observe_finished, migrator=self.migrator
+        )
         self.state = ProxyState(
             model=settings.model,
             engine_url=settings.engine_url,
@@ -183,7 +187,9 @@ class ProxyServer:
             request_timeout=settings.request_timeout,
             book=self.book,
             max_inflight=settings.max_inflight,
+            on_retired=self._announce_retired,
         )
+        self.metrics.stream_held_results.set_function(self.servicer.held_results)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=server_interceptors(),
@@ -198,7 +204,6 @@ class ProxyServer:
             ],
         )
         add_to_server(self.servicer, self.server)
-        self.servicer.on_retired = self._announce_retired
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
         self.metrics_port = -1

@@ -134,7 +134,14 @@ def _aligned(
 class GenerationController:
     """Per proxy: weight version, pause state, in-flight requests, and the engine loop."""
 
-    def __init__(self, engine: EngineClient, *, version: int = 0) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        *,
+        version: int = 0,
+        on_finish: Callable[[GenerationRecord], None] | None = None,
+        migrator: Migrator | None = None,
+    ) -> None:
         self.engine = engine
         self.version = version
         self.total_requests = 0
@@ -146,10 +153,10 @@ class GenerationController:
         self._control = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         # Called once per finished request (metrics now; the RL recording layer later).
-        self.on_finish: Callable[[GenerationRecord], None] | None = None
+        self.on_finish = on_finish
         # Where a request whose engine was lost goes next (None: nowhere, the lost engine's
         # error is the request's).
-        self.migrator: Migrator | None = None
+        self.migrator = migrator
         # Engine request id -> the peer carrying it, while an attempt runs on a peer (an
         # abort by id goes there, not to this proxy's engine).
         self._peer_rids: dict[str, EngineClient] = {}

@@ -20,7 +20,7 @@ until it has shown no sign of life for --engine-stall-timeout.
 
 A check's answer is what `GetStats`, the grpc.health stream and `areal_proxy_engine_healthy`
 say. A client that goes away is no failure of the engine and never gets here (the request
-is cancelled, and `ProxyServicer.run_generation` lets that propagate).
+is cancelled, and `ServicerBase.run_generation` lets that propagate).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from areal_proxy.engine.base import EngineClient
 from areal_proxy.engine.progress import EngineProgress
 
 if TYPE_CHECKING:
-    from areal_proxy.serving.service import ProxyState
+    from areal_proxy.serving.state import ProxyState
 
 log = logging.getLogger("areal_proxy")
 

@@ -5,13 +5,16 @@ The agent proxy's turn metrics live in areal_agent_proxy.metrics."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from areal_proxy.generation.migration import OUTCOMES as MIGRATION_OUTCOMES
 from areal_proxy.prompt.incremental import FALLBACK_REASONS, Built
 from areal_proxy.prompt.state import TurnCache
+
+if TYPE_CHECKING:
+    from areal_proxy.generation.controller import GenerationRecord
 
 EXPORT_OUTCOMES = ("exported", "marked_stale", "dropped_stale", "dropped_group", "dropped_failed")
 # Weight versions: the bounds asked in practice are small (0 to a few).
@@ -214,6 +217,11 @@ class ProxyMetrics(_Served):
         self.turn_cache_bytes.set_function(lambda: cache.nbytes)
         self.turn_cache_sessions.set_function(lambda: len(cache))
         self.turn_cache_evictions.set_function(lambda: cache.evictions)
+
+    def observe_finished(self, rec: GenerationRecord) -> None:
+        """One finished generation (the controller's `on_finish`)."""
+        ttft = rec.first_token_at - rec.created if rec.first_token_at is not None else None
+        self.observe_generation(len(rec.prompt_ids), len(rec.token_ids), ttft, rec.attempts)
 
     def observe_generation(
         self, prompt: int, completion: int, ttft: float | None, attempts: int

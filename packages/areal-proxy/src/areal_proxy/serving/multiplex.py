@@ -5,7 +5,7 @@ completion-queue round trips through grpc's poller thread, HTTP/2 stream set-up,
 interceptor); a message on an open stream costs a small fraction of that. The gateway
 therefore keeps one `Generate` stream per proxy and sends every chat/completion request on
 it as a frame. Each request runs as its own task with exactly the bookkeeping of the
-per-call RPCs (`ProxyServicer.run_generation`); its results are queued, and one writer
+per-call RPCs (`ServicerBase.run_generation`); its results are queued, and one writer
 sends whatever is queued as one message. A result after a quiet spell goes out at once; while
 results keep coming for several requests, the writer sends at most one message per
 `COALESCE_S` (2 ms), carrying every request's results that became ready in that window.
@@ -41,7 +41,7 @@ from areal_runtime.batching import take_batch
 from areal_runtime.errors import InvalidRequest, ServiceError
 
 if TYPE_CHECKING:
-    from areal_proxy.serving.service import ProxyServicer
+    from areal_proxy.serving.rpc_base import ServicerBase
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class _Flow:
 class GenerateStream:
     """One open `Generate` call: its request tasks and its single writer."""
 
-    def __init__(self, servicer: ProxyServicer, context: Any) -> None:
+    def __init__(self, servicer: ServicerBase, context: Any) -> None:
         self.servicer = servicer
         self.context = context
         self.tasks: dict[int, asyncio.Task[None]] = {}
