@@ -256,6 +256,7 @@ class HealthPoller:
             detail=stats.detail,
             parsing=(stats.tool_call_parser, stats.reasoning_parser, stats.default_tool_prompt),
             version=stats.version,
+            total_requests=stats.total_requests,
         )
         if t is not None:
             t.lost = False

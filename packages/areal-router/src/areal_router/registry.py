@@ -102,6 +102,10 @@ class ProxyState:
     # When (monotonic s) each of the recent routes here was decided, oldest first: a report
     # only accounts for the routes older than `Registry.report_grace` (see record_report).
     routed_at: deque[float] = field(default_factory=deque)
+    # The proxy's count of requests it has taken since it started, as last reported (-1:
+    # not reported yet). Each report's increase is how many routes have arrived since the
+    # report before: those are in its in-flight count or already done (see record_report).
+    reported_total: int = -1
     # In-flight requests: the last report plus what was routed here since (kept up to date
     # by __setattr__: a plain attribute is what a C-level key getter reads fastest).
     load: int = field(default=0, init=False)
@@ -315,6 +319,7 @@ class Registry:
                 state.reported_requests = state.reported_tokens = state.reported_sessions = 0
                 state.routed_at.clear()
                 state.routed_since_report = 0
+                state.reported_total = -1
         self.dirty_proxies.add(proxy_id)
         self.generation += 1
         return state, changed
@@ -402,8 +407,12 @@ class Registry:
         parsing: tuple[str, str, bool] = ("", "", False),
         now_ms: int | None = None,
         version: int = 0,
+        total_requests: int = 0,
     ) -> tuple[int, int] | None:
-        """A successful GetStats. Returns (old, new) health, or None if unknown proxy."""
+        """A successful GetStats. Returns (old, new) health, or None if unknown proxy.
+
+        `total_requests`: the proxy's count of requests taken since it started (0: it does
+        not say)."""
         p = self.proxies.get(proxy_id)
         if p is None:
             return None
@@ -417,6 +426,19 @@ class Registry:
         # (or while the poll was out) has not reached the proxy yet, so the report does not
         # count it. Dropping it would make the proxy look idle and draw the rest of the burst;
         # the routes younger than `report_grace` stay counted until a later report.
+        # Routes that have reached the proxy since its last report are in this one (in flight
+        # or already done): they leave the estimate now, oldest first, not after the grace.
+        # Counted as load until then, a conversation's quick sequential turns (each done
+        # before the next) looked like a backlog on the proxy that served them, and
+        # cache_aware moved the conversation's prefix off a proxy that was idle.
+        # Requests that came another way (a lease, a migration, n > 1 choices) may drop
+        # routes still on their way: the estimate errs towards the report, as before there
+        # was one.
+        total = max(0, total_requests)
+        if p.reported_total >= 0 and total >= p.reported_total:
+            for _ in range(min(total - p.reported_total, len(p.routed_at))):
+                p.routed_at.popleft()
+        p.reported_total = total
         _forget_before(p.routed_at, self.monotonic() - self.report_grace)
         p.routed_since_report = len(p.routed_at)
         p.parsing = parsing
