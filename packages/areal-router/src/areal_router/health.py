@@ -218,7 +218,7 @@ class HealthPoller:
         address = proxy.address
         before = (proxy.health, proxy.reported_requests, proxy.reported_tokens)
         before_sessions = proxy.reported_sessions
-        routed = proxy.routed_since_report
+        routed = len(proxy.routed_at)  # decided lately, arrived or not (see _idle)
         client = await self.clients.get(proxy_id, address)
         try:
             stats = await client.get_stats(self.timeout)
@@ -287,7 +287,7 @@ class HealthPoller:
             and t.push_up
             and p is not None
             and p.health == HEALTHY
-            and p.routed_since_report == 0
+            and not p.routed_at  # routed here lately, even if a report counted them
         )
 
     def _next_delay(self, proxy_id: str, t: _Tracked) -> float:

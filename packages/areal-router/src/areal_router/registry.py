@@ -106,6 +106,9 @@ class ProxyState:
     # not reported yet). Each report's increase is how many routes have arrived since the
     # report before: those are in its in-flight count or already done (see record_report).
     reported_total: int = -1
+    # How many of the oldest `routed_at` have arrived (a report counted them): no longer
+    # load, but still recent routes, which keep the proxy on the busy poll cadence.
+    routed_arrived: int = 0
     # In-flight requests: the last report plus what was routed here since (kept up to date
     # by __setattr__: a plain attribute is what a C-level key getter reads fastest).
     load: int = field(default=0, init=False)
@@ -320,6 +323,7 @@ class Registry:
                 state.routed_at.clear()
                 state.routed_since_report = 0
                 state.reported_total = -1
+                state.routed_arrived = 0
         self.dirty_proxies.add(proxy_id)
         self.generation += 1
         return state, changed
@@ -386,8 +390,7 @@ class Registry:
             recent.append(now)
             # Bounded even while no report comes (a proxy whose polls fail).
             if recent[0] < now - 60.0:
-                _forget_before(recent, now - self.report_grace)
-                proxy.routed_since_report = len(recent)
+                _forget_routes(proxy, now - self.report_grace)
             else:
                 proxy.routed_since_report += 1
 
@@ -436,11 +439,9 @@ class Registry:
         # was one.
         total = max(0, total_requests)
         if p.reported_total >= 0 and total >= p.reported_total:
-            for _ in range(min(total - p.reported_total, len(p.routed_at))):
-                p.routed_at.popleft()
+            p.routed_arrived += total - p.reported_total
         p.reported_total = total
-        _forget_before(p.routed_at, self.monotonic() - self.report_grace)
-        p.routed_since_report = len(p.routed_at)
+        _forget_routes(p, self.monotonic() - self.report_grace)
         p.parsing = parsing
         if not model or model == p.model:
             self.admission.observe_version(p.model, version)
@@ -667,6 +668,17 @@ class Registry:
         self.dirty_proxies.update(self.proxies)
         self.dirty_pins.update(self.pins)
         self.admission.mark_all_dirty()
+
+
+def _forget_routes(p: ProxyState, cutoff: float) -> None:
+    """Forget the routes decided by `cutoff` (arrived ones first: they are the oldest) and
+    recount the load of those that have not arrived."""
+    recent = p.routed_at
+    before = len(recent)
+    _forget_before(recent, cutoff)
+    arrived = min(len(recent), max(0, p.routed_arrived - (before - len(recent))))
+    p.routed_arrived = arrived
+    p.routed_since_report = len(recent) - arrived
 
 
 def _forget_before(recent: deque[float], cutoff: float) -> None:
