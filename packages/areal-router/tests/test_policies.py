@@ -470,3 +470,71 @@ def test_a_proxy_is_routable_only_once_a_poll_said_so():
     report(reg, "p")
     assert reg.proxies["p"].health == HEALTHY
     assert router.route("m").proxy.proxy_id == "p"  # type: ignore[union-attr]
+
+
+def test_cache_aware_keeps_sequential_turns_on_an_idle_owner():
+    """Turns of conversations sharing a system prompt, sent one after another (each done
+    before the next): the owner of the prefix never has more than one in flight, and every
+    poll says so. They all stay there. (Each route used to count as load for `report_grace`
+    even after a report that showed it done, so the 9th quick turn saw 8 routes + 1 reported
+    on the owner, more than `balance_abs` over the idle other replica, and moved: the e2e
+    data path test's conversation split 2 + 1.)"""
+    clock = Clock()
+    reg = make_registry(clock, a=2)
+    router = Router(reg, "cache_aware")
+    taken = {"a0": 0, "a1": 0}
+    got: Counter[str] = Counter()
+    for turn in range(12):
+        d = router.route("a", prefix_hashes=[77, 1000 + turn])
+        assert d.proxy is not None
+        pid = d.proxy.proxy_id
+        got[pid] += 1
+        # The request arrives and runs (a poll meanwhile sees it), and is done 40 ms later.
+        clock.now += 0.02
+        taken[pid] += 1
+        reg.record_report(
+            pid,
+            healthy=True,
+            draining=False,
+            inflight_requests=1,
+            inflight_tokens=0,
+            sessions=0,
+            total_requests=taken[pid],
+        )
+        clock.now += 0.02
+    assert sorted(got.values()) == [12], got
+    # What the proxy reports is its load; nothing routed is on its way any more.
+    owner = reg.proxies[got.most_common(1)[0][0]]
+    assert owner.load == 1 and owner.routed_since_report == 0
+
+
+def test_a_report_drops_only_the_routes_that_arrived():
+    """A route stays counted until a report's count of requests taken covers it: a stale
+    report (the same count) leaves the burst on its way counted; one that saw two of three
+    arrive leaves the third."""
+    clock = Clock()
+    reg = make_registry(clock, a=1)
+    router = Router(reg, "least_loaded")
+    reg.record_report(
+        "a0",
+        healthy=True,
+        draining=False,
+        inflight_requests=0,
+        inflight_tokens=0,
+        sessions=0,
+        total_requests=5,
+    )
+    routes(router, 3)
+    p = reg.proxies["a0"]
+    for total, inflight, load in ((5, 0, 3), (7, 2, 3), (8, 0, 0)):
+        clock.now += 0.01
+        reg.record_report(
+            "a0",
+            healthy=True,
+            draining=False,
+            inflight_requests=inflight,
+            inflight_tokens=0,
+            sessions=0,
+            total_requests=total,
+        )
+        assert p.load == load, (total, inflight, p.load)

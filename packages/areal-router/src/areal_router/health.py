@@ -218,7 +218,7 @@ class HealthPoller:
         address = proxy.address
         before = (proxy.health, proxy.reported_requests, proxy.reported_tokens)
         before_sessions = proxy.reported_sessions
-        routed = proxy.routed_since_report
+        routed = len(proxy.routed_at)  # decided lately, arrived or not (see _idle)
         client = await self.clients.get(proxy_id, address)
         try:
             stats = await client.get_stats(self.timeout)
@@ -256,6 +256,7 @@ class HealthPoller:
             detail=stats.detail,
             parsing=(stats.tool_call_parser, stats.reasoning_parser, stats.default_tool_prompt),
             version=stats.version,
+            total_requests=stats.total_requests,
         )
         if t is not None:
             t.lost = False
@@ -286,7 +287,7 @@ class HealthPoller:
             and t.push_up
             and p is not None
             and p.health == HEALTHY
-            and p.routed_since_report == 0
+            and not p.routed_at  # routed here lately, even if a report counted them
         )
 
     def _next_delay(self, proxy_id: str, t: _Tracked) -> float:

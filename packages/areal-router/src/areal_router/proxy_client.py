@@ -35,6 +35,8 @@ class ProxyStats:
     default_tool_prompt: bool = False
     # The weight version it stamps on new tokens (admission control's version).
     version: int = 0
+    # Requests it has taken since it started (the router's load estimate, record_report).
+    total_requests: int = 0
 
 
 class PushUnsupported(Exception):
@@ -98,6 +100,7 @@ class ProxyClient:
             reasoning_parser=r.reasoning_parser,
             default_tool_prompt=r.default_tool_prompt,
             version=r.version,
+            total_requests=r.total_requests,
         )
 
     async def close(self) -> None:

@@ -102,6 +102,13 @@ class ProxyState:
     # When (monotonic s) each of the recent routes here was decided, oldest first: a report
     # only accounts for the routes older than `Registry.report_grace` (see record_report).
     routed_at: deque[float] = field(default_factory=deque)
+    # The proxy's count of requests it has taken since it started, as last reported (-1:
+    # not reported yet). Each report's increase is how many routes have arrived since the
+    # report before: those are in its in-flight count or already done (see record_report).
+    reported_total: int = -1
+    # How many of the oldest `routed_at` have arrived (a report counted them): no longer
+    # load, but still recent routes, which keep the proxy on the busy poll cadence.
+    routed_arrived: int = 0
     # In-flight requests: the last report plus what was routed here since (kept up to date
     # by __setattr__: a plain attribute is what a C-level key getter reads fastest).
     load: int = field(default=0, init=False)
@@ -315,6 +322,8 @@ class Registry:
                 state.reported_requests = state.reported_tokens = state.reported_sessions = 0
                 state.routed_at.clear()
                 state.routed_since_report = 0
+                state.reported_total = -1
+                state.routed_arrived = 0
         self.dirty_proxies.add(proxy_id)
         self.generation += 1
         return state, changed
@@ -381,8 +390,7 @@ class Registry:
             recent.append(now)
             # Bounded even while no report comes (a proxy whose polls fail).
             if recent[0] < now - 60.0:
-                _forget_before(recent, now - self.report_grace)
-                proxy.routed_since_report = len(recent)
+                _forget_routes(proxy, now - self.report_grace)
             else:
                 proxy.routed_since_report += 1
 
@@ -402,8 +410,12 @@ class Registry:
         parsing: tuple[str, str, bool] = ("", "", False),
         now_ms: int | None = None,
         version: int = 0,
+        total_requests: int = 0,
     ) -> tuple[int, int] | None:
-        """A successful GetStats. Returns (old, new) health, or None if unknown proxy."""
+        """A successful GetStats. Returns (old, new) health, or None if unknown proxy.
+
+        `total_requests`: the proxy's count of requests taken since it started (0: it does
+        not say)."""
         p = self.proxies.get(proxy_id)
         if p is None:
             return None
@@ -417,8 +429,19 @@ class Registry:
         # (or while the poll was out) has not reached the proxy yet, so the report does not
         # count it. Dropping it would make the proxy look idle and draw the rest of the burst;
         # the routes younger than `report_grace` stay counted until a later report.
-        _forget_before(p.routed_at, self.monotonic() - self.report_grace)
-        p.routed_since_report = len(p.routed_at)
+        # Routes that have reached the proxy since its last report are in this one (in flight
+        # or already done): they leave the estimate now, oldest first, not after the grace.
+        # Counted as load until then, a conversation's quick sequential turns (each done
+        # before the next) looked like a backlog on the proxy that served them, and
+        # cache_aware moved the conversation's prefix off a proxy that was idle.
+        # Requests that came another way (a lease, a migration, n > 1 choices) may drop
+        # routes still on their way: the estimate errs towards the report, as before there
+        # was one.
+        total = max(0, total_requests)
+        if p.reported_total >= 0 and total >= p.reported_total:
+            p.routed_arrived += total - p.reported_total
+        p.reported_total = total
+        _forget_routes(p, self.monotonic() - self.report_grace)
         p.parsing = parsing
         if not model or model == p.model:
             self.admission.observe_version(p.model, version)
@@ -645,6 +668,17 @@ class Registry:
         self.dirty_proxies.update(self.proxies)
         self.dirty_pins.update(self.pins)
         self.admission.mark_all_dirty()
+
+
+def _forget_routes(p: ProxyState, cutoff: float) -> None:
+    """Forget the routes decided by `cutoff` (arrived ones first: they are the oldest) and
+    recount the load of those that have not arrived."""
+    recent = p.routed_at
+    before = len(recent)
+    _forget_before(recent, cutoff)
+    arrived = min(len(recent), max(0, p.routed_arrived - (before - len(recent))))
+    p.routed_arrived = arrived
+    p.routed_since_report = len(recent) - arrived
 
 
 def _forget_before(recent: deque[float], cutoff: float) -> None:
