@@ -16,7 +16,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from yarl import URL
 
 from areal_proxy.engine.base import (
     EngineError,
@@ -28,18 +27,15 @@ from areal_proxy.engine.base import (
 from areal_proxy.engine.refusals import body_message, is_refusal_status, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
+    LOST,
     NOT_CONNECTED,
-    patient_connect,
-    probe_health,
-    retry_unconnected,
+    PROBE_TIMEOUT_S,
+    EngineTransport,
     sse_batches,
-    trace_configs,
+    stream_unfinished,
 )
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-# The connection broke under a request (server disconnected, reset, or the body cut short):
-# the engine went away, it did not answer about the request.
-_LOST = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
 
 
 def _sampling_params(req: GenerationRequest) -> dict[str, Any]:
@@ -134,7 +130,7 @@ def _event_error(out: dict[str, Any]) -> EngineError:
 
 
 class SGLangClient:
-    """One client per engine replica; keeps a pooled connection."""
+    """One client per engine replica, over one pooled connection (transport.py)."""
 
     def __init__(
         self,
@@ -143,82 +139,38 @@ class SGLangClient:
         timeout: float | None = None,
         api_key: str = "",
         connect_timeout: float = CONNECT_TIMEOUT_S,
-        probe_timeout: float = 5.0,
+        probe_timeout: float = PROBE_TIMEOUT_S,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        # Parsed once: aiohttp would parse the string on every request.
-        self._generate_url = URL(self.base_url + "/generate")
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
-        # Health and version probes: an answer within 5 s or none.
-        self._probe_timeout = aiohttp.ClientTimeout(
-            total=probe_timeout, sock_connect=min(connect_timeout, probe_timeout)
+        self._t = EngineTransport(
+            base_url,
+            timeout=timeout,
+            api_key=api_key,
+            connect_timeout=connect_timeout,
+            probe_timeout=probe_timeout,
         )
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout,
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-                trace_configs=trace_configs(),
-            )
-        return self._session
+        self.base_url = self._t.base_url
+        self._generate_url = self._t.url("/generate")
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _unreachable(self, e: Exception) -> EngineError:
-        return EngineError(
-            f"engine unreachable at {self.base_url}: {e}",
-            status=503,
-            retryable=True,
-            lost=True,
-        )
+        await self._t.close()
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        """A control call; tried again while its connection cannot be made (transport.py)."""
-        try:
-            return await retry_unconnected(lambda: self._post_once(path, body))
-        except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
-
-    async def _post_once(self, path: str, body: dict[str, Any] | None) -> Any:
-        try:
-            async with self._http().post(self.base_url + path, data=orjson.dumps(body or {})) as r:
-                raw = await r.read()
-                if r.status >= 400:
-                    raise EngineError(f"engine {path} -> {r.status}: {raw[:300]!r}", status=502)
-                ctype = r.headers.get("Content-Type", "")
-                return orjson.loads(raw) if raw and "json" in ctype else raw.decode()
-        except NOT_CONNECTED:
-            raise
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
+        """A control call: its JSON answer, or its text; any error status is the engine's."""
+        answer = await self._t.control(path, body)
+        raw = answer.body
+        if answer.status >= 400:
+            raise EngineError(f"engine {path} -> {answer.status}: {raw[:300]!r}", status=502)
+        return orjson.loads(raw) if raw and "json" in answer.content_type else raw.decode()
 
     async def health(self) -> bool | None:
-        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
+        return await self._t.health()
 
     async def context_limit(self) -> int:
         """One more than the longest prompt this engine takes: SGLang's `max_req_input_len`
         (/get_server_info), the smaller of the model's context and the KV cache
         (--max-total-tokens) less a margin of 6; a prompt that long is refused, an output is cut
         to fit the rest. 0: the engine does not say. EngineError: it did not answer."""
-        try:
-            async with self._http().get(
-                self.base_url + "/get_server_info", timeout=self._probe_timeout
-            ) as r:
-                if r.status != 200:
-                    return 0
-                info = orjson.loads(await r.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
-            raise EngineError(f"engine /get_server_info failed: {e!r}", status=503) from e
+        info = await self._t.probe_json("/get_server_info")
         n = info.get("max_req_input_len") if isinstance(info, dict) else None
         return n if isinstance(n, int) and n > 0 else 0
 
@@ -240,16 +192,14 @@ class SGLangClient:
 
     async def _post_generate(self, req: GenerationRequest) -> dict[str, Any]:
         try:
-            body = _payload(req, False)
-            http = self._http()
-            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
+            async with await self._t.post(self._generate_url, _payload(req, False)) as r:
                 raw = await r.read()
                 if r.status >= 400:
                     raise _http_error(raw, r.status)
                 return orjson.loads(raw)
         except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
-        except _LOST as e:
+            raise self._t.unreachable(e) from e
+        except LOST as e:
             # The engine went away mid-request (killed, crashed): 503, not retried here, but
             # the request may continue on another replica (migration).
             raise EngineError(
@@ -261,9 +211,7 @@ class SGLangClient:
     async def generate_stream(self, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         emitted = 0
         try:
-            body = _payload(req, True)
-            http = self._http()
-            async with await patient_connect(lambda: http.post(self._generate_url, data=body)) as r:
+            async with await self._t.post(self._generate_url, _payload(req, True)) as r:
                 if r.status >= 400:
                     raise _http_error(await r.read(), r.status)
                 # Every event one read completes makes one chunk: under load (or with a
@@ -328,8 +276,8 @@ class SGLangClient:
                     if b"[DONE]" in events:
                         break
         except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
-        except _LOST as e:
+            raise self._t.unreachable(e) from e
+        except LOST as e:
             raise EngineError(
                 f"engine connection lost at {self.base_url} after {emitted} tokens: {e!r}",
                 status=503,
@@ -339,12 +287,7 @@ class SGLangClient:
             raise EngineError(
                 f"engine stream failed after {emitted} tokens: {e!r}", status=502
             ) from e
-        # The engine closed the stream without finishing the request: it went away.
-        raise EngineError(
-            f"engine stream ended without a finish reason after {emitted} tokens",
-            status=502,
-            lost=True,
-        )
+        raise stream_unfinished(emitted)
 
     async def abort(self, rid: str | None = None) -> None:
         body = {"rid": rid} if rid else {"abort_all": True}
@@ -369,8 +312,5 @@ class SGLangClient:
         await self._post("/flush_cache", {})
 
     async def model_info(self) -> dict[str, Any]:
-        try:
-            async with self._http().get(self.base_url + "/get_model_info") as r:
-                return orjson.loads(await r.read())
-        except aiohttp.ClientError as e:
-            raise EngineError(f"engine unreachable at {self.base_url}: {e}", status=503) from e
+        info: dict[str, Any] = await self._t.get_json("/get_model_info")
+        return info

@@ -49,12 +49,11 @@ from areal_proxy.engine.base import (
 from areal_proxy.engine.refusals import body_message, refusal
 from areal_proxy.engine.transport import (
     CONNECT_TIMEOUT_S,
+    LOST,
     NOT_CONNECTED,
-    patient_connect,
-    probe_health,
-    retry_unconnected,
+    EngineTransport,
     sse_payloads,
-    trace_configs,
+    stream_unfinished,
 )
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -182,9 +181,7 @@ def _stream_error(event: dict[str, Any]) -> EngineError:
 
 def _lost(e: BaseException) -> bool:
     """The connection broke under the request (the engine went away), not an answer."""
-    return isinstance(
-        e, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
-    )
+    return isinstance(e, LOST)
 
 
 @dataclass(eq=False)
@@ -212,7 +209,7 @@ def _cancelled_from_outside() -> bool:
 
 
 class VLLMClient:
-    """One client per vLLM engine replica; keeps a pooled connection."""
+    """One client per vLLM engine replica, over one pooled connection (transport.py)."""
 
     def __init__(
         self,
@@ -223,44 +220,20 @@ class VLLMClient:
         api_key: str = "",
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._t = EngineTransport(
+            base_url, timeout=timeout, api_key=api_key, connect_timeout=connect_timeout
+        )
+        self.base_url = self._t.base_url
+        self._completions_url = self._t.url("/v1/completions")
         # Empty: vLLM serves its only model.
         self.model = model
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
-        # Health and version probes: an answer within 5 s or none.
-        self._probe_timeout = aiohttp.ClientTimeout(total=5, sock_connect=connect_timeout)
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
         self._inflight: set[_InFlight] = set()
         self._weight_version: str | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout,
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-                trace_configs=trace_configs(),
-            )
-        return self._session
 
     async def close(self) -> None:
         for f in list(self._inflight):
             f.abort()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _unreachable(self, e: Exception) -> EngineError:
-        return EngineError(
-            f"engine unreachable at {self.base_url}: {e}",
-            status=503,
-            retryable=True,
-            lost=True,
-        )
+        await self._t.close()
 
     async def _control(
         self,
@@ -270,37 +243,18 @@ class VLLMClient:
         params: dict[str, str] | None = None,
         what: str,
     ) -> Any:
-        """POST to a control endpoint; 404 (not served) becomes a 501. Tried again while its
-        connection cannot be made (transport.py)."""
+        """POST to a control endpoint: its JSON answer; 404 (not served: no dev mode) becomes
+        a 501, a client status the engine's refusal."""
+        answer = await self._t.control(path, body, params)
+        if answer.status == 404:
+            raise EngineError(
+                f"vLLM does not serve POST {path}, needed for {what}: {_DEV_MODE_HINT}",
+                status=501,
+            )
+        if answer.status >= 400:
+            raise _error(answer.body, answer.status, path)
         try:
-            return await retry_unconnected(lambda: self._control_once(path, body, params, what))
-        except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
-
-    async def _control_once(
-        self,
-        path: str,
-        body: dict[str, Any] | None,
-        params: dict[str, str] | None,
-        what: str,
-    ) -> Any:
-        try:
-            async with self._http().post(
-                self.base_url + path, data=orjson.dumps(body or {}), params=params
-            ) as r:
-                raw = await r.read()
-                if r.status == 404:
-                    raise EngineError(
-                        f"vLLM does not serve POST {path}, needed for {what}: {_DEV_MODE_HINT}",
-                        status=501,
-                    )
-                if r.status >= 400:
-                    raise _error(raw, r.status, path)
-                return orjson.loads(raw) if raw else None
-        except NOT_CONNECTED:
-            raise
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise EngineError(f"engine {path} failed: {e!r}", status=502) from e
+            return orjson.loads(answer.body) if answer.body else None
         except orjson.JSONDecodeError as e:
             raise EngineError(f"engine {path} returned no JSON: {e}", status=502) from e
 
@@ -308,13 +262,7 @@ class VLLMClient:
         """Send a completion request; None when abort() came first."""
         if flight.aborted:
             return None
-
-        async def send() -> aiohttp.ClientResponse:
-            http = self._http()
-            url = self.base_url + "/v1/completions"
-            return await patient_connect(lambda: http.post(url, data=payload))
-
-        flight.sending = asyncio.ensure_future(send())
+        flight.sending = asyncio.ensure_future(self._t.post(self._completions_url, payload))
         try:
             resp = await flight.sending
         except asyncio.CancelledError:
@@ -332,8 +280,8 @@ class VLLMClient:
     async def _version(self) -> str:
         if self._weight_version is None:
             try:
-                async with self._http().get(
-                    self.base_url + "/weight_info", timeout=self._probe_timeout
+                async with self._t.http().get(
+                    self.base_url + "/weight_info", timeout=self._t.probe_timeout
                 ) as r:
                     doc = await r.json(loads=orjson.loads) if r.status == 200 else {}
             except ValueError:
@@ -344,21 +292,13 @@ class VLLMClient:
         return self._weight_version
 
     async def health(self) -> bool | None:
-        return await probe_health(self._http(), self.base_url + "/health", self._probe_timeout)
+        return await self._t.health()
 
     async def context_limit(self) -> int:
         """The most tokens one request may hold, prompt and output (vLLM's `max_model_len`,
         from /v1/models: a prompt that long is refused, and so is a max_tokens beyond the
         rest). 0: the engine does not say. EngineError: it did not answer."""
-        try:
-            async with self._http().get(
-                self.base_url + "/v1/models", timeout=self._probe_timeout
-            ) as r:
-                if r.status != 200:
-                    return 0
-                doc = orjson.loads(await r.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
-            raise EngineError(f"engine /v1/models failed: {e!r}", status=503) from e
+        doc = await self._t.probe_json("/v1/models")
         models = doc.get("data") if isinstance(doc, dict) else None
         for m in models if isinstance(models, list) else []:
             if isinstance(m, dict) and (not self.model or m.get("id") == self.model):
@@ -381,7 +321,7 @@ class VLLMClient:
                     raise _error(raw, r.status, "/v1/completions")
             out = orjson.loads(raw)
         except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
+            raise self._t.unreachable(e) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             if flight.aborted:
                 return aborted
@@ -460,7 +400,7 @@ class VLLMClient:
                             else:
                                 final = chunk
         except NOT_CONNECTED as e:
-            raise self._unreachable(e) from e
+            raise self._t.unreachable(e) from e
         except orjson.JSONDecodeError as e:
             raise EngineError(f"engine sent an unreadable event: {e}", status=502) from e
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -478,12 +418,7 @@ class VLLMClient:
         if flight.aborted:
             yield GenerationChunk([], [], [], "abort", None, prompt_tokens, version)
             return
-        # The engine closed the stream without finishing the request: it went away.
-        raise EngineError(
-            f"engine stream ended without a finish reason after {emitted} tokens",
-            status=502,
-            lost=True,
-        )
+        raise stream_unfinished(emitted)
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort this client's in-flight requests with `rid` (all when None)
@@ -536,8 +471,5 @@ class VLLMClient:
             )
 
     async def model_info(self) -> dict[str, Any]:
-        try:
-            async with self._http().get(self.base_url + "/v1/models") as r:
-                return orjson.loads(await r.read())
-        except aiohttp.ClientError as e:
-            raise EngineError(f"engine unreachable at {self.base_url}: {e}", status=503) from e
+        info: dict[str, Any] = await self._t.get_json("/v1/models")
+        return info
