@@ -1,8 +1,8 @@
 """Synchronous vs asynchronous GRPO of SmolLM2-135M on the same task, seed and budget.
 
-    flock /tmp/areal-heavy.lock uv run python benchmarks/async_rl.py \\
+    uv run python benchmarks/async_rl.py \\
         [--steps 6] [--batch-size 2] [--group-size 4] [--n-eval 16] [--eval-every 2] \\
-        [--etas 0,1,2] [--out /tmp/areal-async-rl]
+        [--etas 0,1,2] [--out async-rl-out]
 
 Runs, one after another, each through `areal train run` with its own inference service:
 `examples.math.smol_rl` (synchronous: roll out, train, push, roll out again) and

@@ -1,6 +1,6 @@
 """Throughput with 1 and 2 gateways on one port (SO_REUSEPORT), in the same run.
 
-    flock /tmp/areal-engine.lock uv run python benchmarks/gateways.py [--requests 3000] [--rounds 2]
+    uv run python benchmarks/gateways.py [--requests 3000] [--rounds 2]
 
 One zero-cost fake engine (benchmarks/fake_engine.py), a real router and two real data proxies
 in front of it (registered as one model; two so the proxy is not the only bottleneck), started
