@@ -61,6 +61,7 @@ from examples.math.smol_rl import (
     evaluate,
     resolve_actor_path,
     service,
+    task_split,
 )
 
 TAG = "[smol-async]"
@@ -287,20 +288,7 @@ def main(args: list[str]) -> int:
     config, extras = load_expr_config(args, SmolAsyncConfig)
     reject_extras(extras)
     resolve_actor_path(config)
-    t = config.task
-    try:
-        train, held_out = arith.make_split(
-            config.seed,
-            ops=t.ops,
-            min_operand=t.min_operand,
-            max_operand=t.max_operand,
-            n_train=t.n_train,
-            n_eval=t.n_eval,
-            system=t.system,
-            instruction=t.instruction,
-        )
-    except ValueError as e:
-        raise ConfigError(f"task: {e}") from None
+    train, held_out = task_split(config)
     g, a = config.grpo, config.async_rl
     if a.max_staleness < 0:
         raise ConfigError("'async_rl.max_staleness' must be >= 0")

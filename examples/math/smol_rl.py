@@ -289,13 +289,12 @@ class Curve:
         os.replace(tmp, self.path)
 
 
-def main(args: list[str]) -> int:
-    config, extras = load_expr_config(args, SmolGRPOConfig)
-    reject_extras(extras)
-    resolve_actor_path(config)
+def task_split(config: SmolGRPOConfig) -> tuple[list[arith.Problem], list[arith.Problem]]:
+    """The config's training and held-out problems (the synchronous and asynchronous examples
+    share it, so the same seed gives both the same task)."""
     t = config.task
     try:
-        train, held_out = arith.make_split(
+        return arith.make_split(
             config.seed,
             ops=t.ops,
             min_operand=t.min_operand,
@@ -307,6 +306,13 @@ def main(args: list[str]) -> int:
         )
     except ValueError as e:
         raise ConfigError(f"task: {e}") from None
+
+
+def main(args: list[str]) -> int:
+    config, extras = load_expr_config(args, SmolGRPOConfig)
+    reject_extras(extras)
+    resolve_actor_path(config)
+    train, held_out = task_split(config)
     g = config.grpo
     if g.group_size < 2:
         raise ConfigError("'grpo.group_size' must be at least 2 (advantages are within a group)")
