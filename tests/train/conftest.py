@@ -41,3 +41,18 @@ def trainer(
     client.info.update(info)
     yield client
     assert client.close() == 0
+
+
+@pytest.fixture(scope="module")
+def model_ready() -> None:
+    """SmolLM2 is set up (scripts/setup-model.sh); the SmolLM2 examples skip without it, unless
+    AREAL_TEST_REQUIRE_REAL_MODEL=1 (CI's SmolLM2 stage) makes its absence a failure."""
+    from areal_cli.errors import CLIError
+    from areal_cli.models import resolve_short_name
+
+    try:
+        resolve_short_name("smollm2")
+    except CLIError as e:
+        if os.environ.get("AREAL_TEST_REQUIRE_REAL_MODEL") == "1":
+            raise
+        pytest.skip(str(e))

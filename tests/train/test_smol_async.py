@@ -27,19 +27,6 @@ STEPS = 2
 ETA = 1
 
 
-@pytest.fixture(scope="module")
-def model_ready() -> None:
-    from areal_cli.errors import CLIError
-    from areal_cli.models import resolve_short_name
-
-    try:
-        resolve_short_name("smollm2")
-    except CLIError as e:
-        if os.environ.get("AREAL_TEST_REQUIRE_REAL_MODEL") == "1":
-            raise
-        pytest.skip(str(e))
-
-
 @pytest.mark.timeout(900)
 def test_smol_async_two_steps(tmp_path: Path, model_ready: None) -> None:
     env = {**os.environ, "AREAL_HOME": str(tmp_path / "areal-home")}

@@ -26,19 +26,6 @@ AREAL = Path(sys.executable).with_name("areal")
 STEPS = 2
 
 
-@pytest.fixture(scope="module")
-def model_ready() -> None:
-    from areal_cli.errors import CLIError
-    from areal_cli.models import resolve_short_name
-
-    try:
-        resolve_short_name("smollm2")
-    except CLIError as e:
-        if os.environ.get("AREAL_TEST_REQUIRE_REAL_MODEL") == "1":
-            raise
-        pytest.skip(str(e))
-
-
 @pytest.mark.timeout(1500)
 def test_smol_grpo_two_steps(tmp_path: Path, model_ready: None) -> None:
     env = {**os.environ, "AREAL_HOME": str(tmp_path / "areal-home")}
